@@ -1,0 +1,1 @@
+"""Triton kernels for fused window attention (installed as ``winpos.kernels``)."""

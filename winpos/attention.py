@@ -1,0 +1,236 @@
+"""The one attention entry point of winpos: window or global attention on a token grid, with position terms.
+
+Callers pass q, k, v on the (padded) token grid and a *description* of the position terms (a RoPE provider,
+relpos tables, a LookHere provider), never a materialized N x N bias. Two backends give the same answer:
+
+- ``reference``: PyTorch SDPA on partitioned windows. Relpos runs through the augmented-QK identity (no N x N
+  tensor, SDPA stays fused, exact in forward and backward); LookHere through a cached per-grid mask.
+- ``triton``: the fused kernels of ``winpos.kernels`` (CUDA only), which compute every term per tile.
+
+``backend="auto"`` picks Triton on CUDA when it is importable and the reference elsewhere;
+``WINPOS_ATTENTION_BACKEND=reference|triton`` forces either globally.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from winpos.errors import check_choice
+from winpos.posemb.relpos import key_codes, rel_bias_dense, rel_terms
+from winpos.windows import PAD_MODES, valid_key_mask, window_partition, window_unpartition
+
+BACKENDS = ("auto", "reference", "triton")
+
+
+@dataclass
+class PositionTerms:
+    """What the attention op needs to know about position, for one block.
+
+    rope: an object with ``tables(q_hw, k_hw) -> RopeTables`` (``winpos.posemb.rope.RoPE``).
+    rel_pos: ``(rel_pos_h, rel_pos_w)`` learned tables ``(2S-1, head_dim)``; resampled to the window extent.
+    lookhere: an object with ``bias(q_hw, k_hw) -> (heads, Nq, Nk)`` and ``fov``/``slopes`` buffers
+        (``winpos.posemb.lookhere.LookHere``).
+    """
+
+    rope: Any = None
+    rel_pos: tuple[torch.Tensor, torch.Tensor] | None = None
+    lookhere: Any = None
+
+    @property
+    def empty(self) -> bool:
+        return self.rope is None and self.rel_pos is None and self.lookhere is None
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How q and k grids split into attention groups (windows, or one global group)."""
+
+    q_window: tuple[int, int]  # tokens per window side for queries
+    k_window: tuple[int, int]
+    windowed: bool
+
+
+def _geometry(q_hw, k_hw, window) -> Geometry:
+    (Hq, Wq), (Hk, Wk) = q_hw, k_hw
+    if Hk % Hq or Wk % Wq or Hk // Hq != Wk // Wq:
+        raise ValueError(
+            f"query grid {Hq}x{Wq} must be the key grid {Hk}x{Wk} pooled by one integer stride (Hiera q-pooling)"
+        )
+    stride = Hk // Hq
+    if window is None or window == 0:
+        return Geometry((Hq, Wq), (Hk, Wk), False)
+    if window % stride:
+        raise ValueError(f"window {window} is not divisible by the query pooling stride {stride}")
+    if Hk % window or Wk % window:
+        raise ValueError(
+            f"window_size={window} does not tile the {Hk}x{Wk} token grid; pad the grid with "
+            "winpos.windows.pad_to_window first (the backbones do) or choose a window that divides it"
+        )
+    qw = window // stride
+    return Geometry((qw, qw), (window, window), True)
+
+
+def _check_inputs(q, k, v):
+    if q.dim() != 5 or k.dim() != 5 or v.dim() != 5:
+        raise ValueError(
+            "attention expects q, k, v on the token grid as (B, H, W, heads, head_dim); got shapes "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != v.shape[:-1] + (k.shape[-1],) or q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
+        raise ValueError(f"q, k, v disagree on batch, heads or key grid: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k head dims differ ({q.shape[-1]} vs {k.shape[-1]}); they must match for q.k")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device}); move them together")
+
+
+def _to_groups(x: torch.Tensor, geo: Geometry, which: str) -> torch.Tensor:
+    """``(B, H, W, heads, D) -> (B * groups, heads, n, D)``."""
+    win = geo.q_window if which == "q" else geo.k_window
+    if geo.windowed:
+        x = window_partition(x, win[0])
+    else:
+        x = x.flatten(1, 2)
+    return x.transpose(1, 2)
+
+
+def _from_groups(x: torch.Tensor, geo: Geometry, q_hw) -> torch.Tensor:
+    x = x.transpose(1, 2)
+    if geo.windowed:
+        return window_unpartition(x, geo.q_window[0], q_hw)
+    return x.reshape(x.shape[0], q_hw[0], q_hw[1], *x.shape[2:])
+
+
+def _padding_mask(geo, q_hw, k_hw, valid_hw, device) -> torch.Tensor | None:
+    """``(groups, 1, Nq, Nk)`` bool, True = attend: valid queries do not see padded keys; padded queries (cropped
+    later) see everything, so no row is ever fully masked."""
+    (Hk, Wk) = k_hw
+    H, W = valid_hw
+    if (H, W) == (Hk, Wk):
+        return None
+    stride = Hk // q_hw[0]
+    k_valid = valid_key_mask(k_hw, (H, W), geo.k_window[0] if geo.windowed else Hk, device) if geo.windowed else (
+        ((torch.arange(Hk, device=device)[:, None] < H) & (torch.arange(Wk, device=device)[None, :] < W)).reshape(1, -1)
+    )
+    qH, qW = -(-H // stride), -(-W // stride)
+    if geo.windowed:
+        q_valid = valid_key_mask(q_hw, (qH, qW), geo.q_window[0], device)
+    else:
+        q_valid = ((torch.arange(q_hw[0], device=device)[:, None] < qH) & (torch.arange(q_hw[1], device=device)[None, :] < qW)).reshape(1, -1)
+    return ~(q_valid[:, :, None] & ~k_valid[:, None, :])[:, None]
+
+
+def _position_inputs(q, k, pos: PositionTerms, geo: Geometry):
+    """Apply RoPE to grouped q, k and return (q, k, lookhere bias or None)."""
+    bias = None
+    if pos.rope is not None:
+        from winpos.posemb.rope import apply_rope
+
+        t = pos.rope.tables(geo.q_window, geo.k_window)
+        q = apply_rope(q, t.cos_q, t.sin_q, t.rot_dims, t.pairing)
+        k = apply_rope(k, t.cos_k, t.sin_k, t.rot_dims, t.pairing)
+    if pos.lookhere is not None:
+        bias = pos.lookhere.bias(geo.q_window, geo.k_window)
+        if bias.shape[0] != q.shape[1]:
+            raise ValueError(f"LookHere was built for {bias.shape[0]} heads but attention has {q.shape[1]}")
+    return q, k, bias
+
+
+def _merge_masks(bias, pad, B, dtype):
+    """Combine a (heads, Nq, Nk) float bias and a (groups, 1, Nq, Nk) bool mask into one SDPA attn_mask."""
+    if pad is not None:
+        pad = pad.repeat(B, 1, 1, 1) if pad.shape[0] != 1 else pad
+        pad_f = torch.zeros(pad.shape, dtype=dtype, device=pad.device).masked_fill_(~pad, float("-inf"))
+        return pad_f if bias is None else pad_f + bias.to(dtype)
+    return None if bias is None else bias.to(dtype)
+
+
+def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None):
+    """SDPA reference path; see ``attention`` for arguments."""
+    pos = pos or PositionTerms()
+    B = q.shape[0]
+    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+    geo = _geometry(q_hw, k_hw, window)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    qg, kg, vg = _to_groups(q, geo, "q"), _to_groups(k, geo, "k"), _to_groups(v, geo, "k")
+    qg, kg, bias = _position_inputs(qg, kg, pos, geo)
+    pad = _padding_mask(geo, q_hw, k_hw, valid_hw, q.device) if pad_mode == "mask" and valid_hw else None
+    mask = _merge_masks(bias, pad, B, qg.dtype)
+    if pos.rel_pos is not None:
+        # Augmented-QK identity: [scale*q, rel_h, rel_w] . [k, onehot(row), onehot(col)] = scale*q.k + relpos bias.
+        rel_h, rel_w = rel_terms(qg, *pos.rel_pos, geo.q_window, geo.k_window)
+        codes = key_codes(geo.k_window, kg.dtype, kg.device).expand(*kg.shape[:2], -1, -1)
+        qg = torch.cat([qg * scale, rel_h, rel_w], dim=-1)
+        kg = torch.cat([kg, codes], dim=-1)
+        scale = 1.0
+    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)
+    return _from_groups(out, geo, q_hw)
+
+
+def dense_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None):
+    """Materialized softmax(scale*q.k + bias) @ v. The plain specification; used only by tests."""
+    pos = pos or PositionTerms()
+    B = q.shape[0]
+    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+    geo = _geometry(q_hw, k_hw, window)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    qg, kg, vg = _to_groups(q, geo, "q"), _to_groups(k, geo, "k"), _to_groups(v, geo, "k")
+    qg, kg, bias = _position_inputs(qg, kg, pos, geo)
+    logits = (qg * scale) @ kg.transpose(-1, -2)
+    if pos.rel_pos is not None:
+        logits = logits + rel_bias_dense(qg, *pos.rel_pos, geo.q_window, geo.k_window)
+    pad = _padding_mask(geo, q_hw, k_hw, valid_hw, q.device) if pad_mode == "mask" and valid_hw else None
+    mask = _merge_masks(bias, pad, B, logits.dtype)
+    if mask is not None:
+        logits = logits + mask
+    out = logits.softmax(dim=-1) @ vg
+    return _from_groups(out, geo, q_hw)
+
+
+def _triton_available() -> bool:
+    try:
+        from winpos.kernels import window_attention as _  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    backend = os.environ.get("WINPOS_ATTENTION_BACKEND", backend) if backend == "auto" else backend
+    check_choice("attention backend", backend, BACKENDS)
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and _triton_available() else "reference"
+    if backend == "triton" and not _triton_available():
+        raise ValueError("backend='triton' was forced but winpos.kernels could not be imported; install triton")
+    return backend
+
+
+def attention(q, k, v, *, window=None, pos: PositionTerms | None = None, valid_hw=None, pad_mode="zeros",
+              scale=None, backend="auto"):
+    """Window or global attention on a token grid.
+
+    Args:
+        q: ``(B, Hq, Wq, heads, head_dim)`` queries; ``Hq = Hk / s`` for pooled queries (Hiera q-pool, stride s).
+        k, v: ``(B, Hk, Wk, heads, head_dim)`` keys and values; the grid must already be padded to multiples of
+            ``window`` (``winpos.windows.pad_to_window``).
+        window: key window size, or None/0 for global attention. The query window is ``window / s``.
+        pos: position terms (RoPE provider, relpos tables, LookHere provider).
+        valid_hw: the unpadded key grid ``(H, W)``; used by ``pad_mode="mask"``.
+        pad_mode: ``"zeros"`` (detectron2/SAM: padded tokens are unmasked keys) or ``"mask"``.
+        scale: logit scale, default ``head_dim ** -0.5``.
+        backend: ``"auto"``, ``"reference"`` or ``"triton"``.
+    Returns:
+        ``(B, Hq, Wq, heads, head_dim)``.
+    """
+    _check_inputs(q, k, v)
+    check_choice("pad_mode", pad_mode, PAD_MODES)
+    backend = resolve_backend(backend, q.device)
+    if backend == "triton":
+        from winpos.kernels import window_attention as triton_attention
+
+        return triton_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
+    return reference_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
