@@ -16,6 +16,6 @@ setup(
     packages=find_packages(include=["winpos", "winpos.*"]) + ["winpos.kernels"],
     package_dir={"winpos.kernels": "kernels"},
     python_requires=">=3.10",
-    install_requires=["torch>=2.1", "numpy", "safetensors", "matplotlib", "tqdm"],
+    install_requires=["torch>=2.1", "numpy", "safetensors", "matplotlib", "tqdm", "pycocotools", "Pillow"],
     extras_require={"test": TEST_EXTRAS},
 )

@@ -167,7 +167,11 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
         qg = torch.cat([qg * scale, rel_h, rel_w], dim=-1)
         kg = torch.cat([kg, codes], dim=-1)
         scale = 1.0
-    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)
+    d_v = vg.shape[-1]
+    if qg.shape[-1] != d_v:
+        # SDPA's fused CPU/GPU kernels need one head dim for q, k and v; zero-padding v keeps them (else: math path).
+        vg = F.pad(vg, (0, qg.shape[-1] - d_v))
+    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)[..., :d_v]
     return _from_groups(out, geo, q_hw)
 
 

@@ -104,7 +104,8 @@ class AbsWinPosEmbed(nn.Module):
 
     def forward(self, hw) -> torch.Tensor:
         hw = as_hw(hw, "token grid")
-        cacheable = not (torch.is_grad_enabled() and self.global_embed.requires_grad)
+        # Under torch.compile the cache key (parameter _version) is data-dependent and breaks the graph; trace instead.
+        cacheable = not (torch.is_grad_enabled() and self.global_embed.requires_grad) and not torch.compiler.is_compiling()
         key = self._key(hw, self.global_embed.device)
         if cacheable and key in self._cache:
             return self._cache[key]
@@ -143,7 +144,7 @@ class AbsPosEmbed(nn.Module):
         from winpos.posemb.interp import interpolate_abs
 
         hw = as_hw(hw, "token grid")
-        cacheable = not (torch.is_grad_enabled() and self.pos_embed.requires_grad)
+        cacheable = not (torch.is_grad_enabled() and self.pos_embed.requires_grad) and not torch.compiler.is_compiling()
         key = (hw, str(self.pos_embed.device), self.pos_embed._version)
         if cacheable and key in self._cache:
             return self._cache[key]

@@ -1,0 +1,117 @@
+"""The attention entry point: augmented-QK relpos vs materialized relpos (float64, 1e-10, forward and backward),
+window/global geometry, pooled queries, padding modes, and input validation."""
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from tests.conftest import require
+from winpos.attention import PositionTerms, attention, dense_attention, reference_attention
+from winpos.windows import pad_to_window, window_partition, window_unpartition
+
+
+def _qkv(B, H, W, heads, D, stride=1, dtype=torch.float64, grad=True):
+    q = torch.randn(B, H // stride, W // stride, heads, D, dtype=dtype, requires_grad=grad)
+    k = torch.randn(B, H, W, heads, D, dtype=dtype, requires_grad=grad)
+    v = torch.randn(B, H, W, heads, D, dtype=dtype, requires_grad=grad)
+    return q, k, v
+
+
+def _rel_tables(extent, D, dtype=torch.float64):
+    return (torch.randn(2 * extent - 1, D, dtype=dtype, requires_grad=True),
+            torch.randn(2 * extent - 1, D, dtype=dtype, requires_grad=True))
+
+
+def _grads(out, tensors, seed=1):
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return torch.autograd.grad(out, tensors, g)
+
+
+@pytest.mark.parametrize("H,W,window,stride", [(14, 14, 7, 1), (12, 16, None, 1), (16, 16, 8, 2), (8, 12, None, 2),
+                                               (28, 28, 14, 1)])
+def test_augmented_qk_equals_materialized_relpos_fwd_bwd(H, W, window, stride):
+    q, k, v = _qkv(2, H, W, 3, 8, stride)
+    extent = window or max(H, W)
+    rh, rw = _rel_tables(extent, 8)
+    pos = PositionTerms(rel_pos=(rh, rw))
+    fast = reference_attention(q, k, v, window=window, pos=pos)
+    slow = dense_attention(q, k, v, window=window, pos=pos)
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-10)
+    for a, b in zip(_grads(fast, (q, k, v, rh, rw)), _grads(slow, (q, k, v, rh, rw))):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_window_relpos_matches_detectron2_attention_block():
+    """Oracle: detectron2's ``Attention`` (relpos, fused qkv) on partitioned windows, same weights."""
+    vit = require("detectron2.modeling.backbone.vit")
+    d2_attn = vit.Attention(dim=32, num_heads=4, qkv_bias=True, use_rel_pos=True, input_size=(7, 7)).double()
+    with torch.no_grad():
+        d2_attn.rel_pos_h.normal_()
+        d2_attn.rel_pos_w.normal_()
+    x = torch.randn(2, 14, 21, 32, dtype=torch.float64)
+    windows = window_partition(x, 7).reshape(-1, 7, 7, 32)
+    ref = window_unpartition(d2_attn(windows).flatten(1, 2), 7, (14, 21))
+    qkv = d2_attn.qkv(x).reshape(2, 14, 21, 3, 4, 8)
+    q, k, v = qkv.unbind(3)
+    out = attention(q, k, v, window=7, pos=PositionTerms(rel_pos=(d2_attn.rel_pos_h, d2_attn.rel_pos_w)))
+    ours = d2_attn.proj(out.flatten(-2))
+    torch.testing.assert_close(ours, ref, rtol=0, atol=1e-10)
+
+
+@given(h=st.integers(1, 4), w=st.integers(1, 4), win=st.sampled_from([2, 3, 4]), heads=st.integers(1, 3),
+       glob=st.booleans())
+def test_windows_equal_per_window_global_attention(h, w, win, heads, glob):
+    """A windowed call equals independent global calls on each window (geometry is right for any grid)."""
+    H, W = h * win, w * win
+    q, k, v = _qkv(1, H, W, heads, 4, grad=False)
+    out = attention(q, k, v, window=None if glob else win)
+    if glob:
+        ref = torch.softmax(torch.einsum("bnhd,bmhd->bhnm", q.flatten(1, 2), k.flatten(1, 2)) / 2.0, -1)
+        ref = torch.einsum("bhnm,bmhd->bnhd", ref, v.flatten(1, 2)).reshape(out.shape)
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+        return
+    for y in range(0, H, win):
+        for x in range(0, W, win):
+            sl = (slice(None), slice(y, y + win), slice(x, x + win))
+            torch.testing.assert_close(out[sl], attention(q[sl], k[sl], v[sl]), rtol=0, atol=1e-10)
+
+
+def test_pad_mask_hides_padded_keys_from_valid_queries():
+    x_valid = (5, 6)
+    q, k, v = _qkv(1, 8, 8, 2, 4, grad=False)
+    out_mask = attention(q, k, v, window=4, valid_hw=x_valid, pad_mode="mask")
+    out_zero = attention(q, k, v, window=4, valid_hw=x_valid, pad_mode="zeros")
+    # Changing padded keys must not change valid outputs under "mask", and must under "zeros".
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 5:], v2[:, 5:] = 9.0, 9.0
+    k2[:, :, 6:], v2[:, :, 6:] = -9.0, -9.0
+    masked2 = attention(q, k2, v2, window=4, valid_hw=x_valid, pad_mode="mask")
+    zero2 = attention(q, k2, v2, window=4, valid_hw=x_valid, pad_mode="zeros")
+    torch.testing.assert_close(masked2[:, :5, :6], out_mask[:, :5, :6], rtol=0, atol=1e-12)
+    assert (zero2[:, :5, :6] - out_zero[:, :5, :6]).abs().max() > 1e-3
+    assert torch.isfinite(out_mask).all()
+    dense = dense_attention(q, k, v, window=4, valid_hw=x_valid, pad_mode="mask")
+    torch.testing.assert_close(out_mask, dense, rtol=0, atol=1e-10)
+
+
+def test_pad_helper_round_trip():
+    x = torch.randn(2, 10, 13, 3)
+    xp, hw = pad_to_window(x, 7)
+    assert xp.shape == (2, 14, 14, 3) and hw == (10, 13)
+    assert torch.equal(xp[:, :10, :13], x) and xp[:, 10:].abs().sum() == 0
+    assert torch.equal(window_unpartition(window_partition(xp, 7), 7, (14, 14)), xp)
+
+
+def test_bad_inputs():
+    q, k, v = _qkv(1, 8, 8, 2, 4, grad=False)
+    with pytest.raises(ValueError, match="does not tile"):
+        attention(q, k, v, window=3)
+    with pytest.raises(ValueError, match="head dims differ"):
+        attention(q, k[..., :2], v)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        attention(q, k, v, backend="flash")
+    with pytest.raises(ValueError, match="unknown pad_mode"):
+        attention(q, k, v, pad_mode="reflect")
+    with pytest.raises(ValueError, match=r"\(B, H, W, heads, head_dim\)"):
+        attention(q.flatten(1, 2), k, v)
+    with pytest.raises(ValueError, match="head_dim"):
+        attention(q, k, v, pos=PositionTerms(rel_pos=(torch.randn(15, 3, dtype=q.dtype), torch.randn(15, 3, dtype=q.dtype))))

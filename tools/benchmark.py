@@ -1,0 +1,28 @@
+#!/usr/bin/env python
+"""Benchmarks, each timing winpos and its peers interleaved in one process and printing ratios.
+
+    python tools/benchmark.py posemb [--json out.json]     # relpos: augmented-QK vs materialized (ViTDet-B global block)
+"""
+import argparse
+
+import torch
+
+from winpos.bench.timing import write_json
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=["posemb"], help="which benchmark")
+    parser.add_argument("--json", default=None, help="write every number to this JSON file")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.what == "posemb":
+        from winpos.bench import posemb
+
+        write_json(args.json, posemb.run(repeats=args.repeats))
+
+
+if __name__ == "__main__":
+    main()
