@@ -2,6 +2,7 @@
 """Benchmarks, each timing winpos and its peers interleaved in one process and printing ratios.
 
     python tools/benchmark.py posemb [--json out.json]     # relpos: augmented-QK vs materialized (ViTDet-B global block)
+    python tools/benchmark.py backbone [--which vitdet|hiera|all] [--size 1024] [--bf16]
 """
 import argparse
 
@@ -12,7 +13,10 @@ from winpos.bench.timing import write_json
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["posemb"], help="which benchmark")
+    parser.add_argument("what", choices=["posemb", "backbone"], help="which benchmark")
+    parser.add_argument("--which", default="all", choices=["all", "vitdet", "hiera"], help="backbone families")
+    parser.add_argument("--size", type=int, default=1024, help="square input size in px")
+    parser.add_argument("--bf16", action="store_true", help="also time bf16 autocast")
     parser.add_argument("--json", default=None, help="write every number to this JSON file")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
     parser.add_argument("--repeats", type=int, default=5)
@@ -22,6 +26,10 @@ def main(argv=None):
         from winpos.bench import posemb
 
         write_json(args.json, posemb.run(repeats=args.repeats))
+    elif args.what == "backbone":
+        from winpos.bench import backbone
+
+        write_json(args.json, backbone.run(img_size=args.size, which=args.which, repeats=args.repeats, bf16=args.bf16))
 
 
 if __name__ == "__main__":
