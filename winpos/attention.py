@@ -124,15 +124,59 @@ def _padding_mask(geo, q_hw, k_hw, valid_hw, device) -> torch.Tensor | None:
     return ~(q_valid[:, :, None] & ~k_valid[:, None, :])[:, None]
 
 
-def _position_inputs(q, k, pos: PositionTerms, geo: Geometry):
-    """Apply RoPE to grouped q, k and return (q, k, lookhere bias or None)."""
-    bias = None
-    if pos.rope is not None:
-        from winpos.posemb.rope import apply_rope
+def _grid_table(table: torch.Tensor, win_hw, grid_hw) -> torch.Tensor:
+    """Spread a per-window table ``(N, R/2)`` or ``(heads, N, R/2)`` over a grid whose windows it tiles:
+    ``(H, W, 1 | heads, R/2)``. Fixed tables carry their spread copies with them (an attribute of the table
+    tensor, so a freed table can never alias a new one); learned tables are gathered differentiably each call."""
+    key = (table._version, tuple(win_hw), tuple(grid_hw))
+    cache = None if table.requires_grad else table.__dict__.setdefault("_winpos_grid_tables", {})
+    if cache is not None and key in cache:
+        return cache[key]
+    (wh, ww), (H, W) = win_hw, grid_hw
+    ys = torch.arange(H, device=table.device) % wh
+    xs = torch.arange(W, device=table.device) % ww
+    idx = ys[:, None] * ww + xs[None, :]
+    out = table[idx][:, :, None] if table.dim() == 2 else table[:, idx].permute(1, 2, 0, 3)
+    if cache is not None:
+        cache.clear()
+        cache[key] = out
+    return out
 
-        t = pos.rope.tables(geo.q_window, geo.k_window)
-        q = apply_rope(q, t.cos_q, t.sin_q, t.rot_dims, t.pairing)
-        k = apply_rope(k, t.cos_k, t.sin_k, t.rot_dims, t.pairing)
+
+def _rotate_grid(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dims: int, pairing: str) -> torch.Tensor:
+    """RoPE on grid tensors ``(B, H, W, heads, D)`` with ``(H, W, 1|heads, R/2)`` tables; only the first R dims
+    are touched, in fp32, written into one fresh tensor (cheaper than rotating partitioned copies)."""
+    half = rot_dims // 2
+    compute = torch.promote_types(x.dtype, torch.float32)
+    if pairing == "half":
+        a, b = x[..., :half].to(compute), x[..., half:rot_dims].to(compute)
+    else:
+        a, b = x[..., 0:rot_dims:2].to(compute), x[..., 1:rot_dims:2].to(compute)
+    c, s = cos.to(compute), sin.to(compute)
+    out = x.clone(memory_format=torch.contiguous_format)
+    if pairing == "half":
+        out[..., :half] = a * c - b * s
+        out[..., half:rot_dims] = b * c + a * s
+    else:
+        out[..., 0:rot_dims:2] = a * c - b * s
+        out[..., 1:rot_dims:2] = b * c + a * s
+    return out
+
+
+def rope_on_grid(q, k, rope, geo: "Geometry"):
+    """Rotate q and k on their grids with the provider's window-local (or global) tables."""
+    t = rope.tables(geo.q_window, geo.k_window)
+    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+    q = _rotate_grid(q, _grid_table(t.cos_q, geo.q_window, q_hw), _grid_table(t.sin_q, geo.q_window, q_hw),
+                     t.rot_dims, t.pairing)
+    k = _rotate_grid(k, _grid_table(t.cos_k, geo.k_window, k_hw), _grid_table(t.sin_k, geo.k_window, k_hw),
+                     t.rot_dims, t.pairing)
+    return q, k
+
+
+def _position_inputs(q, k, pos: PositionTerms, geo: Geometry):
+    """Return (q, k, lookhere bias or None) for grouped q, k (RoPE is applied on the grid, before grouping)."""
+    bias = None
     if pos.lookhere is not None:
         bias = pos.lookhere.bias(geo.q_window, geo.k_window)
         if bias.shape[0] != q.shape[1]:
@@ -156,6 +200,8 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
     q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
     geo = _geometry(q_hw, k_hw, window)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if pos.rope is not None:
+        q, k = rope_on_grid(q, k, pos.rope, geo)
     qg, kg, vg = _to_groups(q, geo, "q"), _to_groups(k, geo, "k"), _to_groups(v, geo, "k")
     qg, kg, bias = _position_inputs(qg, kg, pos, geo)
     pad = _padding_mask(geo, q_hw, k_hw, valid_hw, q.device) if pad_mode == "mask" and valid_hw else None
@@ -182,6 +228,8 @@ def dense_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="
     q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
     geo = _geometry(q_hw, k_hw, window)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if pos.rope is not None:
+        q, k = rope_on_grid(q, k, pos.rope, geo)
     qg, kg, vg = _to_groups(q, geo, "q"), _to_groups(k, geo, "k"), _to_groups(v, geo, "k")
     qg, kg, bias = _position_inputs(qg, kg, pos, geo)
     logits = (qg * scale) @ kg.transpose(-1, -2)
