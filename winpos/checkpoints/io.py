@@ -41,6 +41,7 @@ _CONVERT_HINT = (
     "'clean.pth')` "
     "(or safetensors.torch.save_file) and load clean.pth instead"
 )
+_TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 _PICKLE_LOADER = "pickle.load(open(path, 'rb'), encoding='latin1')['model']"
 _TORCH_LOADER = "torch.load(path, weights_only=False)['model']"
 
@@ -143,21 +144,9 @@ def _corrupt(path: Path, err: BaseException) -> ValueError:
     size = path.stat().st_size
     return ValueError(
         f"checkpoint '{path}' ({size} bytes) could not be read: it looks truncated or corrupt "
-        f"({type(err).__name__}: {str(err).split('. ')[0][:200] or 'unexpected end of data'}); download or save it again "
-        "and compare its size/checksum with the source"
+        f"({type(err).__name__}: {str(err).split('. ')[0][:200] or 'unexpected end of data'}); download or save it "
+        "again and compare its size/checksum with the source"
     )
-
-
-def _is_legacy_torch(path: Path) -> bool:
-    """True if the file is PyTorch's pre-1.6 (non-zip) format, which starts with a pickled magic number."""
-    from torch.serialization import MAGIC_NUMBER  # type: ignore[attr-defined]
-
-    with open(path, "rb") as f:
-        try:
-            first = RestrictedUnpickler(f, encoding="latin1").load()
-        except Exception:  # noqa: BLE001 - any failure means "not a legacy torch file"
-            return False
-    return isinstance(first, int) and first == MAGIC_NUMBER
 
 
 def _load_torch(path: Path) -> Any:
@@ -221,9 +210,12 @@ def load_checkpoint_object(path: str | os.PathLike) -> Any:
     # without a readable archive (a cut-off torch.save file) also goes to torch, whose error we chain.
     with open(path, "rb") as f:
         zip_signature = f.read(2) == b"PK"
-    if zip_signature or zipfile.is_zipfile(path) or _is_legacy_torch(path):
+    if zip_signature or zipfile.is_zipfile(path):
         return _load_torch(path)
-    return _load_restricted_pickle(path)
+    obj = _load_restricted_pickle(path)  # reads the first pickle in the file only
+    if isinstance(obj, int) and obj == _TORCH_LEGACY_MAGIC:  # PyTorch's pre-1.6 format starts with this number
+        return _load_torch(path)
+    return obj
 
 
 def unwrap_state_dict(obj: Any, source: str = "checkpoint") -> dict[str, torch.Tensor]:

@@ -1,0 +1,67 @@
+"""The doctor flags detectron2's stock ViTDet recipe and a stock Hiera finetuned above 224, and passes `paper`."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from winpos.diagnostics.doctor import diagnose
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_flags_stock_vitdet_config():
+    r = diagnose(str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py"))
+    assert not r.ok and r.affected_blocks == [0, 1, 3, 4, 6, 7, 9, 10]
+    assert "14x14 -> 64x64" in r.text() and "abswin" in r.fix
+
+
+@pytest.mark.parametrize("cfg", ["mask_rcnn_vitdet_b_100ep_paper.py", "mask_rcnn_hieradet_b_100ep_paper.py",
+                                 "mask_rcnn_vitdet_l_100ep_rope.py"])
+def test_passes_paper_recipes(cfg):
+    r = diagnose(str(ROOT / "configs/COCO" / cfg))
+    assert r.ok, r.text()
+
+
+def test_flags_stock_hiera_above_224_only():
+    assert diagnose("hieradet_b", 224, overrides=["pos_embed=abs", "img_size=224"]).ok
+    r = diagnose("hieradet_b", 448, overrides=["pos_embed=abs", "img_size=448"])
+    assert not r.ok and "56x56 -> 112x112" in r.text()
+
+
+def test_cli_exit_codes_and_errors():
+    def run(*args):
+        return subprocess.run([sys.executable, str(ROOT / "tools/posemb_viz.py"), *args], capture_output=True, text=True)
+
+    assert run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py")).returncode == 1
+    assert run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep_paper.py")).returncode == 0
+    bad = run("doctor", "vitdet_q")
+    assert bad.returncode == 2 and "vitdet_b" in bad.stderr  # unknown preset lists the real ones
+
+
+def test_plot_cli_on_a_sam2_checkpoint(tmp_path):
+    from tests.conftest import require
+
+    hieradet = require("sam2.modeling.backbones.hieradet")
+    trunk = hieradet.Hiera(embed_dim=16, num_heads=1, stages=(1, 1, 1, 1), global_att_blocks=(),
+                           window_pos_embed_bkg_spatial_size=(7, 7), window_spec=(8, 4, 2, 1))
+    with torch.no_grad():
+        trunk.pos_embed.normal_()
+        trunk.pos_embed_window.normal_()
+    ckpt = tmp_path / "sam2_tiny.pt"
+    torch.save({"model": {"image_encoder.trunk." + k: v for k, v in trunk.state_dict().items()}}, ckpt)
+    out = tmp_path / "viz"
+    res = subprocess.run([sys.executable, str(ROOT / "tools/posemb_viz.py"), "plot", str(ckpt), "--sizes", "512",
+                          "--out", str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert len(pngs) >= 3, pngs
+    report = json.loads((out / "report.json").read_text())
+    assert report, "report.json is empty"
+    not_ckpt = tmp_path / "notes.pth"
+    not_ckpt.write_text("hello")
+    res = subprocess.run([sys.executable, str(ROOT / "tools/posemb_viz.py"), "plot", str(not_ckpt), "--out",
+                          str(out)], capture_output=True, text=True)
+    assert res.returncode == 2 and "notes.pth" in res.stderr

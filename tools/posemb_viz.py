@@ -1,0 +1,58 @@
+#!/usr/bin/env python
+"""Position-embedding diagnostics.
+
+    python tools/posemb_viz.py plot CKPT [CKPT ...] [--sizes 448,1024] [--window 14] [--family auto] [--out DIR] [--pdf]
+        Loads each checkpoint safely (official Hiera, SAM2, SAM, timm, MAE, detectron2 ViTDet, winpos), extracts the
+        embedding added to the tokens, and writes PNGs (channels + PCA with the window grid, period scan,
+        window-by-window similarity) and report.json with every number and a verdict per size.
+
+    python tools/posemb_viz.py doctor CONFIG_OR_PRESET [--image-size N] [--recipe R] [key=value ...]
+        Says whether the model interpolates an absolute embedding under window attention at that size, which blocks
+        are affected, and the fix. Exit status 1 when the bug is present.
+"""
+import argparse
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plot", help="measure and plot checkpoints")
+    p.add_argument("checkpoints", nargs="+")
+    p.add_argument("--sizes", default="", help="target image sizes in px, comma separated (default: per family)")
+    p.add_argument("--window", type=int, default=None, help="override the family's window size (tokens)")
+    p.add_argument("--family", default="auto")
+    p.add_argument("--out", default="output/posemb_viz")
+    p.add_argument("--pdf", action="store_true")
+    d = sub.add_parser("doctor", help="check a config or preset for the interpolation bug")
+    d.add_argument("target", help="a LazyConfig .py file or a backbone preset name")
+    d.add_argument("--image-size", type=int, default=None)
+    d.add_argument("--recipe", default="original", help="recipe for a preset target")
+    d.add_argument("overrides", nargs="*", help="key=value overrides")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "plot":
+            from winpos.diagnostics.report import run_posemb_viz
+
+            sizes = [int(s) for s in args.sizes.split(",") if s.strip()] or None
+            result = run_posemb_viz(args.checkpoints, args.out, sizes, window=args.window, family=args.family,
+                                    pdf=args.pdf)
+            for ckpt in result.get("checkpoints", []):
+                for entry in ckpt.get("targets", []):
+                    if entry.get("verdict"):
+                        print(f"{ckpt.get('name', '')}: {entry['verdict']}")
+            print(f"wrote plots and report.json to {args.out}")
+        else:
+            from winpos.diagnostics.doctor import diagnose
+
+            report = diagnose(args.target, args.image_size, args.recipe, args.overrides)
+            print(report.text())
+            return 0 if report.ok else 1
+    except (ValueError, FileNotFoundError, PermissionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
