@@ -193,10 +193,8 @@ def _merge_masks(bias, pad, B, dtype):
     return None if bias is None else bias.to(dtype)
 
 
-def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None):
-    """SDPA reference path; see ``attention`` for arguments."""
-    pos = pos or PositionTerms()
-    B = q.shape[0]
+def _prepare(q, k, v, window, pos, valid_hw, pad_mode, scale):
+    """Shared front of both paths: geometry, RoPE on the grid, grouping, LookHere bias, padding mask."""
     q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
     geo = _geometry(q_hw, k_hw, window)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -205,6 +203,14 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
     qg, kg, vg = _to_groups(q, geo, "q"), _to_groups(k, geo, "k"), _to_groups(v, geo, "k")
     qg, kg, bias = _position_inputs(qg, kg, pos, geo)
     pad = _padding_mask(geo, q_hw, k_hw, valid_hw, q.device) if pad_mode == "mask" and valid_hw else None
+    return qg, kg, vg, geo, bias, pad, scale
+
+
+def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None):
+    """SDPA reference path; see ``attention`` for arguments."""
+    pos = pos or PositionTerms()
+    qg, kg, vg, geo, bias, pad, scale = _prepare(q, k, v, window, pos, valid_hw, pad_mode, scale)
+    B, q_hw = q.shape[0], tuple(q.shape[1:3])
     mask = _merge_masks(bias, pad, B, qg.dtype)
     if pos.rel_pos is not None:
         # Augmented-QK identity: [scale*q, rel_h, rel_w] . [k, onehot(row), onehot(col)] = scale*q.k + relpos bias.
@@ -224,18 +230,11 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
 def dense_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None):
     """Materialized softmax(scale*q.k + bias) @ v. The plain specification; used only by tests."""
     pos = pos or PositionTerms()
-    B = q.shape[0]
-    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
-    geo = _geometry(q_hw, k_hw, window)
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    if pos.rope is not None:
-        q, k = rope_on_grid(q, k, pos.rope, geo)
-    qg, kg, vg = _to_groups(q, geo, "q"), _to_groups(k, geo, "k"), _to_groups(v, geo, "k")
-    qg, kg, bias = _position_inputs(qg, kg, pos, geo)
+    qg, kg, vg, geo, bias, pad, scale = _prepare(q, k, v, window, pos, valid_hw, pad_mode, scale)
+    B, q_hw = q.shape[0], tuple(q.shape[1:3])
     logits = (qg * scale) @ kg.transpose(-1, -2)
     if pos.rel_pos is not None:
         logits = logits + rel_bias_dense(qg, *pos.rel_pos, geo.q_window, geo.k_window)
-    pad = _padding_mask(geo, q_hw, k_hw, valid_hw, q.device) if pad_mode == "mask" and valid_hw else None
     mask = _merge_masks(bias, pad, B, logits.dtype)
     if mask is not None:
         logits = logits + mask

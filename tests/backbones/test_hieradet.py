@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
 from tests.conftest import require
+from tests.helpers import assert_features_close, randomize_
 from winpos.backbones.hieradet import RECIPES, BlockSpec, HieraBlock, HieraDet, block_schedule
 from winpos.backbones.registry import create, list_presets
 from winpos.checkpoints.hiera import load_hiera_checkpoint
@@ -16,23 +17,6 @@ from winpos.posemb import rope
 
 TINY = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,), window_spec=(8, 4, 14, 7))
 SIZES = ("hieradet_tiny", "hieradet_t", "hieradet_s", "hieradet_b", "hieradet_bplus", "hieradet_l", "hieradet_h")
-
-
-def randomize_(module, seed=1, std=0.2):
-    """Non-zero random values in every parameter (norm weights around 1), so no term can hide behind a zero."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.1 * noise if "norm" in name and name.endswith("weight") else std * noise)
-    return module
-
-
-def assert_features_close(ours, ref, rtol=1e-4):
-    assert len(ours) == len(ref)
-    for o, r in zip(ours, ref):
-        assert o.shape == r.shape
-        torch.testing.assert_close(o, r, rtol=rtol, atol=rtol * r.abs().max().item())
 
 
 def tiny(**kw):

@@ -12,26 +12,12 @@ import torch
 import torch.nn as nn
 
 from tests.conftest import require
+from tests.helpers import randomize
 from winpos.backbones import ViTDet, create, list_presets
 from winpos.backbones.vitdet import RECIPES, SIZES
 from winpos.checkpoints.vitdet import load_vitdet_weights
 
 TINY = dict(embed_dim=32, depth=3, num_heads=2, global_blocks=(1,))
-
-
-def randomize(module: nn.Module) -> nn.Module:
-    """Non-trivial random weights (O(1) logits) so that position terms visibly change the output."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if "rel_pos" in name or "pos_embed" in name:
-                p.normal_(0, 0.5)
-            elif p.dim() > 1:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.normal_(1, 0.1)
-            else:
-                p.normal_(0, 0.1)
-    return module.eval()
 
 
 def d2_vit(**kw):

@@ -4,28 +4,13 @@ import pytest
 import torch
 
 from tests.conftest import require
+from tests.helpers import assert_features_close, randomize_
 from winpos.backbones.hieradet import HieraDet
 from winpos.checkpoints.hiera import (
     ConversionReport, convert_hiera_checkpoint, detect_hiera_format, load_hiera_checkpoint,
 )
 from winpos.posemb.abswin import tile_to_grid
 from winpos.posemb.interp import resize_grid
-
-def randomize_(module, seed=1, std=0.2):
-    """Non-zero random values in every parameter (norm weights around 1), so no term can hide behind a zero."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g)
-            p.copy_(1 + 0.1 * noise if "norm" in name and name.endswith("weight") else std * noise)
-    return module
-
-
-def assert_features_close(ours, ref, rtol=1e-4):
-    assert len(ours) == len(ref)
-    for o, r in zip(ours, ref):
-        assert o.shape == r.shape
-        torch.testing.assert_close(o, r, rtol=rtol, atol=rtol * r.abs().max().item())
 
 
 # Official Hiera's attention layout: mask units (8x8, then 4x4) in stages 1-2, global in 3-4 (abswin.md §1.2).

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from tests.conftest import require
+from tests.helpers import randomize
 from winpos.backbones.vitdet import ViTDet
 from winpos.checkpoints.vitdet import (
     convert_detectron2_vit, convert_mae_vit, convert_sam_image_encoder, detect_source, load_vitdet_checkpoint,
@@ -17,21 +18,6 @@ from winpos.checkpoints.vitdet import (
 
 LN = partial(nn.LayerNorm, eps=1e-6)
 TINY = dict(embed_dim=32, depth=3, num_heads=2)
-
-
-def randomize(module: nn.Module) -> nn.Module:
-    """Non-trivial random weights: O(1) attention logits, so relpos / position terms visibly change outputs."""
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if "rel_pos" in name or "pos_embed" in name:
-                p.normal_(0, 0.5)
-            elif p.dim() > 1:
-                p.normal_(0, p[0].numel() ** -0.5)
-            elif "norm" in name and name.endswith("weight"):
-                p.normal_(1, 0.1)
-            else:
-                p.normal_(0, 0.1)
-    return module.eval()
 
 
 def d2_vit(img_size=1024, window_size=14, **kw):
