@@ -38,9 +38,10 @@ def main(argv=None):
             result = run_posemb_viz(args.checkpoints, args.out, sizes, window=args.window, family=args.family,
                                     pdf=args.pdf)
             for ckpt in result.get("checkpoints", []):
-                for entry in ckpt.get("targets", []):
-                    if entry.get("verdict"):
-                        print(f"{ckpt.get('name', '')}: {entry['verdict']}")
+                for emb in ckpt.get("embeddings", []):
+                    for entry in emb.get("targets", []):
+                        if entry.get("verdict"):
+                            print(f"{emb.get('name', ckpt.get('path', ''))}: {entry['verdict']}")
             print(f"wrote plots and report.json to {args.out}")
         else:
             from winpos.diagnostics.doctor import diagnose
