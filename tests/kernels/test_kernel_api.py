@@ -1,0 +1,161 @@
+"""The kernels' public surface: input validation, layout fallbacks, LookHere tile skipping, the custom-op
+registrations (``torch.library.opcheck``), the ``winpos.attention`` dispatch, and a cheap GPU-free import."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.library import opcheck
+
+from tests.kernels.helpers import DEVICE
+from winpos.attention import PositionTerms, attention, reference_attention
+from winpos.kernels import Plan, window_attention
+from winpos.posemb.lookhere import LookHere
+from winpos.posemb.rope import RoPE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _qkv(H=8, W=8, heads=2, D=32, dtype=torch.float32, pool=1):
+    q = torch.randn(1, H // pool, W // pool, heads, D, device=DEVICE, dtype=dtype)
+    k = torch.randn(1, H, W, heads, D, device=DEVICE, dtype=dtype)
+    return q, k, torch.randn_like(k)
+
+
+@pytest.mark.parametrize("mutate,kwargs,match", [
+    (lambda q, k, v: (q[0], k, v), {}, "token grid"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), {}, "dtype"),
+    (lambda q, k, v: (q, k, v[..., :16]), {}, "disagree"),
+    (lambda q, k, v: (q[..., :8], k[..., :8], v[..., :8]), {}, "head_dim=8 is not supported"),
+    (lambda q, k, v: (q, k.to("meta"), v), {}, "different devices"),
+    (lambda q, k, v: (q[:, :, :6], k, v), {}, "pooled by one integer stride"),
+    (lambda q, k, v: (q, k, v), {"window": 3}, "does not tile"),
+    (lambda q, k, v: (q, k, v), {"window": 4, "pad_mode": "reflect"}, "pad_mode"),
+    (lambda q, k, v: (q, k, v), {"valid_hw": (9, 8), "pad_mode": "mask"}, "inside the padded"),
+    (lambda q, k, v: (q, k, v), {"blocks": (8, 16)}, "powers of two >= 16"),
+    (lambda q, k, v: (q, k, v), {"pos": PositionTerms(lookhere=LookHere(3, "45"))}, "built for 3 heads"),
+    (lambda q, k, v: (q, k, v), {"pos": PositionTerms(rel_pos=(torch.zeros(15, 16), torch.zeros(15, 16)))},
+     "head_dim=32"),
+])
+def test_bad_inputs_raise_value_errors(mutate, kwargs, match, device):
+    q, k, v = mutate(*_qkv())
+    with pytest.raises(ValueError, match=match):
+        window_attention(q, k, v, **kwargs)
+
+
+def test_rope_tables_for_another_window_are_rejected(device):
+    class WrongWindow:
+        def tables(self, q_hw, k_hw):
+            return RoPE(32, 2).to(device).tables((4, 4), (4, 4))
+
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="does not fit 64 window tokens"):
+        window_attention(q, k, v, window=8, pos=PositionTerms(rope=WrongWindow()))
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="bf16 is rejected only by the CPU interpreter; GPUs run it")
+def test_bf16_is_refused_by_the_interpreter(device):
+    q, k, v = _qkv(dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16 is not supported by the Triton CPU interpreter"):
+        window_attention(q, k, v, window=4)
+
+
+def test_head_dim_with_a_stride_falls_back_to_a_contiguous_copy(device):
+    q, k, v = (t.transpose(-1, -2).contiguous().transpose(-1, -2) for t in _qkv(D=16, heads=16))
+    assert q.stride(-1) != 1
+    out = window_attention(q, k, v, window=4, blocks=(16, 16))
+    ref = window_attention(q.contiguous(), k.contiguous(), v.contiguous(), window=4, blocks=(16, 16))
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+
+
+def test_lookhere_tiles_are_skipped_from_the_class_table(device):
+    """The kernels visit only tiles the class table marks non-empty: the exact table has empty tiles for a 45-degree
+    layout, a table of all 'partial' gives the same result (the mask alone is exact), and an all-empty table
+    leaves every query with nothing to attend to (output 0, zero gradients)."""
+    lh = LookHere(4, "45").to(device)
+    classes = lh.tile_classes((8, 8), (8, 8), 16, 16)
+    assert (classes == 0).any() and (classes == 1).any()
+    q, k, v = (t.requires_grad_() for t in _qkv(heads=4))
+    exact = window_attention(q, k, v, pos=PositionTerms(lookhere=lh), blocks=(16, 16))
+
+    def provider(table):
+        return SimpleNamespace(fov=lh.fov, slopes=lh.slopes, tile_classes=lambda *args: table)
+
+    dense = window_attention(q, k, v, pos=PositionTerms(lookhere=provider(torch.full_like(classes, 2))),
+                             blocks=(16, 16))
+    torch.testing.assert_close(exact, dense, atol=1e-6, rtol=1e-6)
+    nothing = window_attention(q, k, v, pos=PositionTerms(lookhere=provider(torch.zeros_like(classes))),
+                               blocks=(16, 16))
+    assert nothing.abs().max() == 0
+    grads = torch.autograd.grad(nothing, (q, k, v), torch.ones_like(nothing))
+    assert all(g.abs().max() == 0 for g in grads)
+
+
+def test_custom_ops_pass_opcheck(device):
+    q, k, v = (t.requires_grad_() for t in _qkv(H=4, W=4, heads=1, D=16))
+    geom = Plan(1, 1, 4, 4, 4, 4, 1, 4, 4, 4, 4, 0, 0, 0, 16, 16).as_list()
+    nones = (None,) * 8
+    opcheck(torch.ops.winpos.window_attention_fwd.default, (q, k, v, *nones, geom, 0.25))
+    out, lse = torch.ops.winpos.window_attention_fwd(q.detach(), k.detach(), v.detach(), *nones, geom, 0.25)
+    opcheck(torch.ops.winpos.window_attention_bwd.default,
+            (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, *nones, geom, 0.25))
+    t = RoPE(16, 1).to(device).tables((4, 4), (4, 4))
+    opcheck(torch.ops.winpos.rope_grid.default, (q, t.cos_k, t.sin_k, t.rot_dims, True, 4, 4, False))
+
+
+def test_winpos_attention_dispatches_to_the_kernels(device):
+    q, k, v = _qkv(H=8, W=12, heads=2)
+    pos = PositionTerms(rope=RoPE(32, 2), lookhere=LookHere(2, "90"))
+    pos.rope.to(device)
+    pos.lookhere.to(device)
+    out = attention(q, k, v, window=4, pos=pos, backend="triton")
+    ref = reference_attention(q, k, v, window=4, pos=pos)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_import_is_cheap_and_cpu_tensors_need_the_interpreter():
+    """In a fresh process without TRITON_INTERPRET: importing winpos.kernels does not import triton, and a launch
+    on CPU tensors (compiled Triton) is refused with a ValueError that names the fixes."""
+    script = (
+        "import sys, torch\n"
+        "import winpos.kernels as K\n"
+        "assert 'triton' not in sys.modules, 'import winpos.kernels pulled in triton'\n"
+        "q = torch.randn(1, 4, 4, 1, 16)\n"
+        "try:\n"
+        "    K.window_attention(q, q, q)\n"
+        "except ValueError as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    if not torch.cuda.is_available():
+        assert "REFUSED" in proc.stdout and "TRITON_INTERPRET=1" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_without_triton_the_attention_entry_point_falls_back_to_the_reference():
+    """No triton installed: winpos.kernels still imports, window_attention is not exported, and the auto backend
+    of winpos.attention resolves to the reference (instead of failing at the first launch)."""
+    script = (
+        "import sys\n"
+        "sys.modules['triton'] = None  # as if triton were not installed\n"
+        "import torch\n"
+        "import winpos.kernels as K\n"
+        "assert not K.TRITON_INSTALLED\n"
+        "try:\n"
+        "    from winpos.kernels import window_attention\n"
+        "    raise SystemExit('window_attention was exported without triton')\n"
+        "except ImportError as e:\n"
+        "    assert 'needs the `triton` package' in str(e)\n"
+        "from winpos.attention import resolve_backend\n"
+        "assert resolve_backend('auto', torch.device('cuda')) == 'reference'\n"
+        "print('FALLBACK OK')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "WINPOS_ATTENTION_BACKEND"}
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "FALLBACK OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
