@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import json
 import multiprocessing as mp
 import resource
@@ -26,14 +27,25 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, 
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def _vm_hwm_kib() -> float:
+    """Peak RSS of this process image (VmHWM); unlike ru_maxrss it is not inherited from the parent across exec."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return float(line.split()[1])
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
 def _child_peak(builder, args, threads, queue):
     torch.set_num_threads(threads)
     fn = builder(*args)
     gc.collect()
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = _vm_hwm_kib()
     fn()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((peak - base) / 1024.0)  # ru_maxrss is KiB on Linux -> MiB
+    peak = _vm_hwm_kib()
+    queue.put((peak - base) / 1024.0)  # KiB -> MiB
+    if os.environ.get("WINPOS_BENCH_DEBUG"):
+        print("child rss", base, peak, flush=True)
 
 
 def peak_rss_mib(builder: Callable[..., Callable[[], object]], *args) -> float:
