@@ -1,0 +1,7 @@
+# Mask R-CNN, ViTDet-L: the ViTDet-B recipe with detectron2's ViTDet-L sizes.
+from .mask_rcnn_vitdet_b_100ep_original import dataloader, lr_multiplier, model, optimizer, train
+
+model.backbone.net.net = 'vitdet_l'
+model.backbone.net.drop_path_rate = 0.4
+optimizer.params.lr_decay_rate = 0.8
+train.init_checkpoint = 'detectron2://ImageNetPretrained/MAE/mae_pretrain_vit_large.pth'

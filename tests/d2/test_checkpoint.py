@@ -1,0 +1,148 @@
+"""Checkpoints: atomic saves (an interrupted save is never picked up), safe loads, RNG resume, and
+train.init_checkpoint from detector, backbone-only and detectron2-ViTDet-named files."""
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+from detectron2.modeling import SimpleFeaturePyramid
+from detectron2.modeling.backbone.fpn import LastLevelMaxPool
+
+from winpos.d2 import HieraDetBackbone, ViTDetBackbone
+from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpoint, split_checkpoint_url
+
+
+class Detector(torch.nn.Module):
+    def __init__(self, backbone):
+        super().__init__()
+        self.backbone = backbone
+        self.head = torch.nn.Linear(4, 4)
+
+
+def _vit_detector():
+    net = ViTDetBackbone("vitdet_tiny", "original", img_size=64, window_size=4)
+    return Detector(SimpleFeaturePyramid(net, "last_feat", 16, (2.0, 1.0), top_block=LastLevelMaxPool(), norm="LN"))
+
+
+def _randomize(model):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.05)
+    return model
+
+
+def _assert_same(a, b):
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
+        torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
+
+
+def test_interrupted_save_is_never_picked_up(tmp_path, monkeypatch):
+    model = _randomize(torch.nn.Linear(3, 3))
+    ckpt = WinposCheckpointer(model, str(tmp_path))
+    ckpt.save("model_0000009", iteration=9)
+    assert ckpt.get_checkpoint_file() == str(tmp_path / "model_0000009.pth")
+
+    def killed_mid_write(obj, f, *a, **k):
+        f.write(b"PK\x03\x04 half a zip")
+        raise KeyboardInterrupt  # the process is stopped while writing
+
+    monkeypatch.setattr(torch, "save", killed_mid_write)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save("model_0000019", iteration=19)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["last_checkpoint", "model_0000009.pth"]  # no partial file, no tmp
+    # a half-written file left by some other writer is not named by last_checkpoint, so resume ignores it
+    (tmp_path / "model_0000029.pth").write_bytes(b"PK\x03\x04 truncated")
+    fresh = torch.nn.Linear(3, 3)
+    extra = WinposCheckpointer(fresh, str(tmp_path)).resume_or_load("", resume=True)
+    assert extra["iteration"] == 9
+    _assert_same(fresh, model)
+    # and if a truncated file is named explicitly, the error says so instead of a pickle traceback
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        WinposCheckpointer(fresh).load(str(tmp_path / "model_0000029.pth"))
+    (tmp_path / "last_checkpoint").write_text("model_0000099.pth")
+    with pytest.raises(ValueError, match="does not exist"):
+        WinposCheckpointer(fresh, str(tmp_path)).get_checkpoint_file()
+
+
+def test_rng_state_roundtrip_through_a_checkpoint(tmp_path):
+    model = torch.nn.Linear(2, 2)
+    ckpt = WinposCheckpointer(model, str(tmp_path), rng=RNGState())
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    ckpt.save("model_0000000", iteration=0)
+    draws = (torch.rand(3), np.random.rand(3), random.random())
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    WinposCheckpointer(model, str(tmp_path), rng=RNGState()).resume_or_load("", resume=True)
+    again = (torch.rand(3), np.random.rand(3), random.random())
+    torch.testing.assert_close(draws[0], again[0])
+    np.testing.assert_array_equal(draws[1], again[1])
+    assert draws[2] == again[2]
+
+
+class _Evil:
+    def __reduce__(self):
+        return (open, ("/tmp/winpos_evil_marker", "w"))
+
+
+def test_loading_never_executes_pickled_code(tmp_path):
+    marker = "/tmp/winpos_evil_marker"
+    if os.path.exists(marker):
+        os.remove(marker)
+    bad = tmp_path / "evil.pkl"
+    bad.write_bytes(pickle.dumps({"model": {"w": _Evil()}}))
+    with pytest.raises(ValueError, match="won't execute"):
+        WinposCheckpointer(torch.nn.Linear(2, 2)).load(str(bad))
+    bad_pth = tmp_path / "evil.pth"
+    torch.save({"model": {"w": _Evil()}}, bad_pth)
+    with pytest.raises(ValueError, match="won't execute"):
+        load_init_checkpoint(WinposCheckpointer(_vit_detector()), str(bad_pth))
+    assert not os.path.exists(marker)
+
+
+def test_init_from_a_detector_checkpoint(tmp_path):
+    src = _randomize(_vit_detector())
+    WinposCheckpointer(src, str(tmp_path)).save("model_final")
+    dst = _vit_detector()
+    msg = load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "model_final.pth"))
+    assert "detector checkpoint" in msg
+    _assert_same(dst, src)
+
+
+def test_init_from_backbone_and_detectron2_vitdet_names(tmp_path):
+    src = _randomize(_vit_detector())
+    # backbone-only file with the plain model's names -> the winpos ViTDet importer
+    torch.save(src.backbone.net.net.state_dict(), tmp_path / "trunk.pth")
+    dst = _vit_detector()
+    msg = load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "trunk.pth"))
+    assert "winpos importer" in msg
+    _assert_same(dst.backbone.net.net, src.backbone.net.net)
+    # a whole detector with detectron2 ViTDet's names (backbone.net.<trunk>, flat pos_embed) -> trunk converted,
+    # pyramid and head loaded by name
+    d2 = {}
+    for k, v in src.state_dict().items():
+        if k.startswith("backbone.net.net."):
+            k = "backbone.net." + k[len("backbone.net.net."):].replace("pos_embed.pos_embed", "pos_embed")
+        d2[k] = v
+    torch.save({"model": d2}, tmp_path / "d2_vitdet.pth")
+    dst = _vit_detector()
+    load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "d2_vitdet.pth?matching_heuristics=True"))
+    _assert_same(dst, src)
+
+
+def test_init_hieradet_and_errors(tmp_path):
+    make = lambda: Detector(HieraDetBackbone("hieradet_tiny", img_size=64, window_spec=(8, 4, 4, 2)))  # noqa: E731
+    src = _randomize(make())
+    torch.save({"model_state": src.backbone.net.state_dict()}, tmp_path / "hiera.pth")
+    dst = make()
+    load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "hiera.pth"))
+    _assert_same(dst.backbone.net, src.backbone.net)
+    torch.save({"something.else": torch.zeros(3)}, tmp_path / "junk.pth")
+    with pytest.raises(ValueError):
+        load_init_checkpoint(WinposCheckpointer(make()), str(tmp_path / "junk.pth"))
+    with pytest.raises(FileNotFoundError):
+        load_init_checkpoint(WinposCheckpointer(make()), str(tmp_path / "missing.pth"))
+    assert split_checkpoint_url("a/b.pth?matching_heuristics=True") == ("a/b.pth", True)
+    with pytest.raises(ValueError, match="unsupported query"):
+        split_checkpoint_url("a/b.pth?foo=1")

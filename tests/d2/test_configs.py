@@ -1,0 +1,150 @@
+"""Every config under configs/ loads, saves to YAML and instantiates (globbed, so a new file cannot be
+forgotten); shapes configs also take a training step; strict overrides reject unknown keys."""
+import contextlib
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from detectron2.config import LazyConfig, instantiate
+from detectron2.structures import BitMasks, Boxes, Instances
+from detectron2.utils.events import EventStorage
+
+from winpos.d2.config import apply_overrides, load_config
+from winpos.d2.optim import is_position_param
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+RECIPES = [p for p in sorted(CONFIGS.rglob("*.py")) if "common" not in p.parts]
+COCO = [p for p in RECIPES if p.parent.name == "COCO"]
+SHAPES = [p for p in RECIPES if p.parent.name == "shapes"]
+ids = lambda paths: [p.stem for p in paths]  # noqa: E731
+
+
+def test_the_glob_sees_every_family():
+    assert len(COCO) >= 48 and len(SHAPES) >= 10 and len(RECIPES) == len(COCO) + len(SHAPES)
+    for fam, sizes in (("vitdet", "blh"), ("hieradet", ["t", "s", "b", "bplus", "l"])):
+        for s in sizes:
+            for r in ("original", "paper", "rope", "lookhere"):
+                assert CONFIGS / "COCO" / f"mask_rcnn_{fam}_{s}_100ep_{r}.py" in COCO
+
+
+@contextlib.contextmanager
+def meta_parameters():
+    """Create every parameter on the meta device: full-size models instantiate in well under a second."""
+    register = nn.Module.register_parameter
+
+    def to_meta(self, name, param):
+        register(self, name, param)
+        if param is not None and param.device.type != "meta":
+            self._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+
+    nn.Module.register_parameter = to_meta
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register
+
+
+def _saved_and_reloaded(cfg, tmp_path):
+    path = tmp_path / "config.yaml"
+    LazyConfig.save(cfg, str(path))
+    assert not (tmp_path / "config.yaml.pkl").exists(), "config is not YAML-serializable"
+    return LazyConfig.load(str(path))
+
+
+@pytest.mark.parametrize("path", COCO, ids=ids(COCO))
+def test_coco_config_instantiates(path, tmp_path):
+    cfg = load_config(path)
+    again = _saved_and_reloaded(cfg, tmp_path)
+    assert cfg.dataloader.train.dataset.names == "coco_2017_train"
+    assert cfg.dataloader.test.dataset.names == "coco_2017_val"
+    assert cfg.train.max_iter == 184375 and cfg.train.init_checkpoint
+    with meta_parameters():
+        model = instantiate(cfg.model)
+        reloaded = instantiate(again.model)  # output_dir/config.yaml rebuilds the same model
+    assert {k: v.shape for k, v in model.state_dict().items()} == \
+        {k: v.shape for k, v in reloaded.state_dict().items()}
+    shapes = model.backbone.output_shape()
+    assert list(shapes) == ["p2", "p3", "p4", "p5", "p6"]
+    assert [s.stride for s in shapes.values()] == [4, 8, 16, 32, 64] and {s.channels for s in shapes.values()} == {256}
+    assert model.backbone.padding_constraints["square_size"] == 1024
+    recipe = path.stem.rsplit("_", 1)[1]
+    adapter = model.backbone.bottom_up if "hieradet" in path.stem else model.backbone.net
+    assert adapter.net.pos_embed_kind == {"original": "abswin" if "hieradet" in path.stem else "abs",
+                                          "paper": "abswin_recursive" if "hieradet" in path.stem else "abswin",
+                                          "rope": "abswin", "lookhere": "none"}[recipe]
+    assert ("cascade" in path.stem) == (type(model.roi_heads).__name__ == "CascadeROIHeads")
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    for group in optimizer.param_groups:
+        if any(is_position_param(n) for n, p in model.named_parameters() if any(p is q for q in group["params"])):
+            assert group["weight_decay"] == 0.0
+    scheduler = instantiate(cfg.lr_multiplier)
+    assert scheduler(0.0) == pytest.approx(0.001) and scheduler(0.999) == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("path", [CONFIGS / "COCO" / "mask_rcnn_vitdet_b_100ep_original.py",
+                                  CONFIGS / "COCO" / "cascade_mask_rcnn_hieradet_b_100ep_paper.py"],
+                         ids=["vitdet_b", "cascade_hieradet_b"])
+def test_full_size_model_runs_at_a_small_size(path):
+    cfg = load_config(path, ["model.backbone.square_pad=128"])
+    model = instantiate(cfg.model).eval()
+    with torch.no_grad():
+        out = model([{"image": torch.randint(0, 255, (3, 128, 96)).float(), "height": 128, "width": 96}])
+    assert out[0]["instances"].image_size == (128, 96)
+
+
+def _synthetic_batch(n=1, size=128):
+    batch = []
+    for i in range(n):
+        inst = Instances((size, size))
+        inst.gt_boxes = Boxes(torch.tensor([[10.0, 15.0, 60.0, 50.0], [75.0, 70.0, 110.0, 115.0]]))
+        inst.gt_classes = torch.tensor([i % 4, 3])
+        masks = torch.zeros(2, size, size, dtype=torch.bool)
+        masks[0, 15:50, 10:60] = True
+        masks[1, 70:115, 75:110] = True
+        inst.gt_masks = BitMasks(masks)
+        batch.append({"image": torch.randint(0, 255, (3, size, size)).float(), "instances": inst,
+                      "height": size, "width": size})
+    return batch
+
+
+@pytest.mark.parametrize("path", SHAPES, ids=ids(SHAPES))
+def test_shapes_config_trains_a_step(path, tmp_path):
+    cfg = load_config(path)
+    _saved_and_reloaded(cfg, tmp_path)
+    assert cfg.dataloader.train.dataset.names == "shapes_train" and cfg.dataloader.test.dataset.names == "shapes_val"
+    assert cfg.model.roi_heads.num_classes == 4
+    cfg.model.backbone.square_pad = 128
+    model = instantiate(cfg.model).train()
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    with EventStorage(0):
+        losses = model(_synthetic_batch())
+    total = sum(losses.values())
+    assert torch.isfinite(total)
+    optimizer.zero_grad()
+    total.backward()
+    net = model.backbone.bottom_up.net if "hieradet" in path.stem else model.backbone.net.net
+    assert all(p.grad is not None for p in net.parameters() if p.requires_grad)
+    optimizer.step()
+
+
+def test_strict_overrides():
+    path = CONFIGS / "shapes" / "mask_rcnn_vitdet_tiny_original.py"
+    cfg = load_config(path, ["train.max_iter=7", "optimizer.lr=0.5", "model.backbone.net.use_checkpoint=true",
+                             "+train.my_note=hello", "dataloader.train.total_batch_size=2"])
+    assert cfg.train.max_iter == 7 and cfg.optimizer.lr == 0.5 and cfg.train.my_note == "hello"
+    assert cfg.model.backbone.net.use_checkpoint is True  # a constructor kwarg of the preset (via **overrides)
+    with pytest.raises(ValueError, match=r"no key 'max_iters'.*Did you mean 'train.max_iter'"):
+        apply_overrides(cfg, ["train.max_iters=10"])
+    with pytest.raises(ValueError, match="no key 'betass'"):
+        apply_overrides(cfg, ["optimizer.betass=[0.9,0.99]"])  # torch.optim.AdamW takes no such argument
+    with pytest.raises(ValueError, match="Did you mean 'train.checkpointer.period'"):
+        apply_overrides(cfg, ["train.checkpointer.perod=5"])
+    with pytest.raises(ValueError, match="exists"):
+        apply_overrides(cfg, ["+train.max_iter=3"])
+    with pytest.raises(ValueError, match="not a config node"):
+        apply_overrides(cfg, ["train.max_iter.x=3"])
+    with pytest.raises(ValueError, match="does not exist"):
+        load_config(CONFIGS / "shapes" / "no_such_config.py")

@@ -1,0 +1,49 @@
+#!/usr/bin/env python
+"""Evaluate a config + checkpoint on a COCO-format dataset: box and mask AP (AP, AP50, AP75, APs, APm, APl) with the
+official pycocotools, optionally at several test sizes (JSON + PNG plot of AP vs size) and with inference speed.
+
+    tools/eval_coco.py --config-file configs/COCO/mask_rcnn_vitdet_b_100ep_paper.py --checkpoint model_final.pth
+    tools/eval_coco.py --config-file CFG --checkpoint W --sizes 512,768,1024 --fps --output eval_out/
+    tools/eval_coco.py --config-file CFG --checkpoint W --dataset mine=ann.json:images --test-dataset mine
+
+The logic is in winpos.d2.evaluate.
+"""
+import argparse
+import json
+import sys
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-file", required=True)
+    parser.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
+    parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
+                        help="register a COCO-format dataset first (repeatable)")
+    parser.add_argument("--test-dataset", default=None, help="dataset to evaluate (default: the config's test set)")
+    parser.add_argument("--sizes", default=None, help="comma-separated test sizes, e.g. 512,768,1024")
+    parser.add_argument("--fps", action="store_true", help="also measure images/s at batch 1")
+    parser.add_argument("--output", default=None, help="output folder (default: <train.output_dir>/eval)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value")
+    args = parser.parse_args(argv)
+
+    from detectron2.utils.logger import setup_logger
+
+    from winpos.d2.engine import register_cli_datasets
+    from winpos.d2.evaluate import evaluate_checkpoint
+
+    setup_logger(name="winpos")
+    setup_logger(name="detectron2")
+    register_cli_datasets(args.dataset)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()] if args.sizes else None
+    results = evaluate_checkpoint(args.config_file, args.checkpoint, overrides=args.opts, sizes=sizes,
+                                  fps=args.fps, output_dir=args.output, test_dataset=args.test_dataset,
+                                  progress=not args.no_progress)
+    print(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except ValueError as e:
+        sys.exit(f"error: {e}")
