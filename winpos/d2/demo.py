@@ -36,6 +36,7 @@ def train_and_evaluate(encoding: str, output_dir: Path, max_iter: int | None, si
         raise ValueError(f"unknown encoding {encoding!r} for the demo; choose from {', '.join(CONFIGS)}")
     config = str(_root() / CONFIGS[encoding])
     run_dir = output_dir / encoding
+    run_dir.mkdir(parents=True, exist_ok=True)
     overrides = [f"train.output_dir={run_dir}", *extra]
     if max_iter:
         overrides.append(f"train.max_iter={max_iter}")
