@@ -64,7 +64,8 @@ if DEVICE == "cuda":  # bf16 arithmetic is wrong under the CPU interpreter, so i
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_kernel_matches_reference(case, device):
-    check_case(case)
+    errors = check_case(case)  # asserts closeness per tensor; returns the max abs error of each
+    assert errors and all(e == e for e in errors.values())
 
 
 @settings(max_examples=6, deadline=None)
@@ -87,4 +88,5 @@ def test_kernel_matches_reference_on_drawn_shapes(data):
         blocks=data.draw(st.sampled_from([(16, 16), (32, 16), (16, 64)]), "blocks"),
         layout=data.draw(st.sampled_from(["qkv", "split"]), "layout"),
     )
-    check_case(case, seed=data.draw(st.integers(0, 2**16), "seed"))
+    errors = check_case(case, seed=data.draw(st.integers(0, 2**16), "seed"))
+    assert "out" in errors or errors

@@ -43,7 +43,7 @@ _CONVERT_HINT = (
 )
 _TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 _PICKLE_LOADER = "pickle.load(open(path, 'rb'), encoding='latin1')['model']"
-_TORCH_LOADER = "torch.load(path, weights_only=False)['model']"
+_TORCH_LOADER = "<load it with torch.load, weights-only mode off, only if you trust it>['model']"
 
 
 def _numpy_globals() -> dict[tuple[str, str], Any]:
