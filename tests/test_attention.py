@@ -40,6 +40,45 @@ def test_augmented_qk_equals_materialized_relpos_fwd_bwd(H, W, window, stride):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 
+@pytest.mark.parametrize("H,W,window,stride,pad_mode,with_lookhere", [
+    (14, 14, 7, 1, "zeros", False), (12, 16, None, 1, "zeros", True), (16, 16, 8, 2, "mask", False),
+    (10, 13, 7, 1, "mask", True)])
+def test_inference_relpos_in_query_blocks_equals_materialized(monkeypatch, H, W, window, stride, pad_mode,
+                                                              with_lookhere):
+    """Without autograd, relpos goes to SDPA as a float mask built a block of queries at a time; force many
+    blocks (a tiny byte budget) and compare with the materialized specification, incl. padding masks and
+    LookHere."""
+    import winpos.attention as A
+    from winpos.posemb.lookhere import LookHere
+
+    calls = []
+    chunked = A._relpos_chunked
+    monkeypatch.setattr(A, "_relpos_chunked", lambda *a: calls.append(a[0].shape) or chunked(*a))
+    monkeypatch.setattr(A, "RELPOS_CHUNK_BYTES", 4096)
+    Hp, Wp = (-(-H // window) * window, -(-W // window) * window) if window else (H, W)
+    q, k, v = _qkv(2, Hp, Wp, 3, 8, stride, grad=False)
+    rh, rw = (t.detach() for t in _rel_tables(window or max(H, W), 8))
+    pos = PositionTerms(rel_pos=(rh, rw), lookhere=LookHere(3).double() if with_lookhere else None)
+    kwargs = dict(window=window, pos=pos, valid_hw=(H, W), pad_mode=pad_mode)
+    with torch.no_grad():
+        fast = reference_attention(q, k, v, **kwargs)
+    slow = dense_attention(q, k, v, **kwargs)
+    assert len(calls) == 1  # the inference path ran (and split its queries: see the budget)
+    finite = torch.isfinite(slow)
+    assert finite.any()
+    torch.testing.assert_close(fast[finite], slow[finite], rtol=0, atol=1e-10)
+
+
+def test_relpos_takes_the_lean_backward_path_when_autograd_needs_it(monkeypatch):
+    import winpos.attention as A
+
+    monkeypatch.setattr(A, "_relpos_chunked", lambda *a: pytest.fail("inference path used under autograd"))
+    q, k, v = _qkv(1, 8, 8, 2, 8)
+    rh, rw = _rel_tables(4, 8)
+    out = reference_attention(q, k, v, window=4, pos=PositionTerms(rel_pos=(rh, rw)))
+    assert out.requires_grad
+
+
 def test_window_relpos_matches_detectron2_attention_block():
     """Oracle: detectron2's ``Attention`` (relpos, fused qkv) on partitioned windows, same weights."""
     vit = require("detectron2.modeling.backbone.vit")

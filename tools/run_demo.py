@@ -4,6 +4,7 @@ with abs-win and with the naive absolute embedding, evaluate box/mask AP with py
 (resolution sweep: JSON + PNG), and plot the trained position embedding.
 
     python tools/run_demo.py [--output output/demo] [--encodings abswin,abs] [--iters N] [--sizes 192,256,320,384]
+                             [--dataset shapes1|shapes]
 
 Re-running resumes finished or interrupted training from the last checkpoint.
 """
@@ -18,6 +19,8 @@ def main(argv=None):
     parser.add_argument("--encodings", default="abswin,abs", help="comma list of: abswin, abs, rope, lookhere, paper")
     parser.add_argument("--iters", type=int, default=None, help="training iterations (default: the config's)")
     parser.add_argument("--sizes", default="192,256,320,384", help="test sizes of the resolution sweep (px)")
+    parser.add_argument("--dataset", default="shapes1", choices=["shapes1", "shapes"],
+                        help="shapes1: one class 'shape' (learns in minutes); shapes: four classes (needs far longer)")
     args = parser.parse_args(argv)
     from detectron2.utils.logger import setup_logger
 
@@ -28,7 +31,7 @@ def main(argv=None):
 
     try:
         run_demo(args.output, tuple(e for e in args.encodings.split(",") if e), args.iters,
-                 tuple(int(s) for s in args.sizes.split(",")))
+                 tuple(int(s) for s in args.sizes.split(",")), args.dataset)
     except ValueError as e:
         sys.exit(f"error: {e}")
 

@@ -3,8 +3,10 @@
 Callers pass q, k, v on the (padded) token grid and a *description* of the position terms (a RoPE provider,
 relpos tables, a LookHere provider), never a materialized N x N bias. Two backends give the same answer:
 
-- ``reference``: PyTorch SDPA on partitioned windows. Relpos runs through the augmented-QK identity (no N x N
-  tensor, SDPA stays fused, exact in forward and backward); LookHere through a cached per-grid mask.
+- ``reference``: PyTorch SDPA on partitioned windows. Relpos stays fused either way: when autograd needs the
+  backward, through the augmented-QK identity (no N x N tensor in forward or backward); in inference, as SDPA's
+  float mask built for a block of queries at a time (narrower matmuls, bounded memory). LookHere through a cached
+  per-grid mask.
 - ``triton``: the fused kernels of ``winpos.kernels`` (CUDA only), which compute every term per tile.
 
 ``backend="auto"`` picks Triton on CUDA when it is importable and the reference elsewhere;
@@ -213,18 +215,56 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
     B, q_hw = q.shape[0], tuple(q.shape[1:3])
     mask = _merge_masks(bias, pad, B, qg.dtype)
     if pos.rel_pos is not None:
-        # Augmented-QK identity: [scale*q, rel_h, rel_w] . [k, onehot(row), onehot(col)] = scale*q.k + relpos bias.
         rel_h, rel_w = rel_terms(qg, *pos.rel_pos, geo.q_window, geo.k_window)
-        codes = key_codes(geo.k_window, kg.dtype, kg.device).expand(*kg.shape[:2], -1, -1)
-        qg = torch.cat([qg * scale, rel_h, rel_w], dim=-1)
-        kg = torch.cat([kg, codes], dim=-1)
-        scale = 1.0
+        if _lean_backward(qg, kg, vg, *pos.rel_pos):
+            out = _relpos_augmented(qg, kg, vg, rel_h, rel_w, geo, mask, scale)
+        else:
+            out = _relpos_chunked(qg, kg, vg, rel_h, rel_w, mask, scale)
+    else:
+        out = _sdpa(qg, kg, vg, mask, scale)
+    return _from_groups(out, geo, q_hw)
+
+
+# Largest relpos bias block (bytes) materialized at once by the inference path.
+RELPOS_CHUNK_BYTES = 256 * 2 ** 20
+
+
+def _lean_backward(*tensors) -> bool:
+    """True when autograd will need this attention's backward: then relpos takes the augmented-QK path, whose
+    backward keeps no (Nq, Nk) tensor alive."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def _sdpa(qg, kg, vg, mask, scale):
     d_v = vg.shape[-1]
     if qg.shape[-1] != d_v:
         # SDPA's fused CPU/GPU kernels need one head dim for q, k and v; zero-padding v keeps them (else: math path).
         vg = F.pad(vg, (0, qg.shape[-1] - d_v))
-    out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)[..., :d_v]
-    return _from_groups(out, geo, q_hw)
+    return F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)[..., :d_v]
+
+
+def _relpos_augmented(qg, kg, vg, rel_h, rel_w, geo, mask, scale):
+    """Augmented-QK identity: [scale*q, rel_h, rel_w] . [k, onehot(row), onehot(col)] = scale*q.k + relpos bias.
+    No (Nq, Nk) tensor in forward or backward, at the price of a wider q.k (and v padded to match)."""
+    codes = key_codes(geo.k_window, kg.dtype, kg.device).expand(*kg.shape[:2], -1, -1)
+    return _sdpa(torch.cat([qg * scale, rel_h, rel_w], dim=-1), torch.cat([kg, codes], dim=-1), vg, mask, 1.0)
+
+
+def _relpos_chunked(qg, kg, vg, rel_h, rel_w, mask, scale):
+    """Inference path: the decomposed bias, built for a block of queries at a time (at most RELPOS_CHUNK_BYTES),
+    goes to SDPA as its float mask, so q.k and p.v keep their plain head dim (faster than the augmented product,
+    whose q.k and p.v are up to 3x wider for global blocks)."""
+    groups, heads, n_q, _ = qg.shape
+    kh, kw = rel_h.shape[-1], rel_w.shape[-1]
+    row_bytes = groups * heads * kh * kw * qg.element_size()
+    step = max(1, min(n_q, RELPOS_CHUNK_BYTES // row_bytes))
+    outs = []
+    for s in range(0, n_q, step):
+        block = (rel_h[:, :, s:s + step, :, None] + rel_w[:, :, s:s + step, None, :]).flatten(-2)
+        if mask is not None:
+            block = block + mask[..., s:s + step, :]
+        outs.append(F.scaled_dot_product_attention(qg[:, :, s:s + step], kg, vg, attn_mask=block, scale=scale))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
 
 def dense_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None):

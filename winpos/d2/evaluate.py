@@ -116,22 +116,36 @@ def resolution_sweep(cfg, model, sizes, output_dir: str, fps: bool = False, prog
 
 
 def plot_sweep(results: dict, path: str) -> None:
-    """Line plot of AP (every task: bbox, segm) against test size."""
+    """Line plot of AP (every task: bbox, segm) against test size, for one model."""
+    plot_sweeps({"": results}, path)
+
+
+def plot_sweeps(runs: dict, path: str, train_size: int | None = None, title: str = "") -> None:
+    """AP against test size, one panel per task (bbox, segm), one line per run (``{label: {size: results}}``);
+    a dashed vertical line marks the training size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = sorted(results)
-    tasks = sorted({t for r in results.values() for t, v in r.items() if isinstance(v, dict) and "AP" in v})
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    for task in tasks:
-        ax.plot(sizes, [results[s][task]["AP"] for s in sizes], marker="o", label=f"{task} AP")
-    ax.set_xlabel("test image size (px)")
-    ax.set_ylabel("AP")
-    ax.set_xticks(sizes)
-    ax.grid(alpha=0.3)
-    ax.legend()
+    tasks = sorted({t for res in runs.values() for r in res.values() for t, v in r.items()
+                    if isinstance(v, dict) and "AP" in v})
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        for label, res in runs.items():
+            sizes = sorted(int(s) for s in res)
+            by_int = {int(k): v for k, v in res.items()}
+            ax.plot(sizes, [by_int[s][task]["AP"] for s in sizes], marker="o",
+                    label=f"{label} {task} AP".strip() if len(runs) == 1 else label)
+            ax.set_xticks(sizes)
+        if train_size:
+            ax.axvline(train_size, color="grey", linestyle="--", linewidth=1, label=f"train size {train_size}")
+        ax.set_xlabel("test image size (px)")
+        ax.set_ylabel(f"{task} AP")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
