@@ -6,9 +6,8 @@ import torch
 from tests.conftest import require
 from tests.helpers import assert_features_close, randomize_
 from winpos.backbones.hieradet import HieraDet
-from winpos.checkpoints.hiera import (
-    ConversionReport, convert_hiera_checkpoint, detect_hiera_format, load_hiera_checkpoint,
-)
+from winpos.checkpoints import LoadReport
+from winpos.checkpoints.hiera import convert_hiera_checkpoint, detect_hiera_format, load_hiera_checkpoint
 from winpos.posemb.abswin import tile_to_grid
 from winpos.posemb.interp import resize_grid
 
@@ -39,8 +38,9 @@ def test_official_hiera_intermediates(official):
     ours = HieraDet(img_size=224, pos_embed="abs", **HIERA_LAYOUT)
     report = load_hiera_checkpoint(ours, {"model_state": official.state_dict()})
     assert report.source == "hiera" and not report.missing
-    assert report.converted == {"pos_embed.pos_embed": "pos_embed"}
-    assert set(report.unexpected) == {"norm.weight", "norm.bias", "head.projection.weight", "head.projection.bias"}
+    assert report.converted == [("pos_embed.pos_embed", "renamed from 'pos_embed'")]
+    assert {k for k, _ in report.unexpected} == {"norm.weight", "norm.bias", "head.projection.weight",
+                                                 "head.projection.bias"}
     x = torch.randn(2, 3, 224, 224)
     assert_features_close(run(ours, x), hiera_features(official, x))
 
@@ -66,7 +66,8 @@ def test_timm_abswin_trunk():
                     expand_proj=False, **HIERA_LAYOUT)
     report = load_hiera_checkpoint(ours, ref.state_dict())
     assert report.source == "timm_abswin" and not report.missing
-    assert report.converted == {"pos_embed.global_embed": "pos_embed", "pos_embed.window_embed": "pos_embed_win"}
+    assert dict(report.converted) == {"pos_embed.global_embed": "renamed from 'pos_embed'",
+                                      "pos_embed.window_embed": "renamed from 'pos_embed_win'"}
     x = torch.randn(2, 3, 256, 256)
     with torch.no_grad():
         expected = ref.forward_intermediates(x, intermediates_only=True)
@@ -77,7 +78,7 @@ def test_timm_abswin_trunk():
 def test_abs_to_abswin_is_exact_at_224(official, pos_embed):
     ours = HieraDet(img_size=224, pos_embed=pos_embed, pos_global_size=56, **HIERA_LAYOUT)
     report = load_hiera_checkpoint(ours, official.state_dict())
-    assert set(report.reshaped) == {"pos_embed.global_embed", "pos_embed.window_embed"}
+    assert {k for k, _ in report.reshaped} == {"pos_embed.global_embed", "pos_embed.window_embed"}
     x = torch.randn(2, 3, 224, 224)
     assert_features_close(run(ours, x), hiera_features(official, x), rtol=1e-5)
 
@@ -105,7 +106,7 @@ def test_abs_to_abswin_keeps_every_window_embedding(official):
 def test_smaller_global_grid_is_reported_as_lossy(official):
     ours = HieraDet(pos_embed="abswin", pos_global_size=7, **HIERA_LAYOUT)
     report = load_hiera_checkpoint(ours, official.state_dict())
-    assert "resized (56, 56) -> (7, 7)" in report.reshaped["pos_embed.global_embed"]
+    assert "resized (56, 56) -> (7, 7)" in dict(report.reshaped)["pos_embed.global_embed"]
     assert ours.pos_embed.global_embed.shape == (1, 16, 7, 7)
 
 
@@ -125,9 +126,11 @@ def test_sam2_checkpoint_container(sam2_trunk):
                     global_att_blocks=(3,))
     report = load_hiera_checkpoint(ours, ckpt)
     assert report.source == "sam2" and not report.missing and not report.reshaped
-    assert set(report.unexpected) == {"image_encoder.neck.convs.0.conv.weight", "sam_mask_decoder.iou_token.weight"}
-    assert report.converted["blocks.0.mlp.fc1.weight"] == "image_encoder.trunk.blocks.0.mlp.layers.0.weight"
-    assert report.converted["pos_embed.window_embed"] == "image_encoder.trunk.pos_embed_window"
+    assert {k for k, _ in report.unexpected} == {"image_encoder.neck.convs.0.conv.weight",
+                                                 "sam_mask_decoder.iou_token.weight"}
+    converted = dict(report.converted)
+    assert converted["blocks.0.mlp.fc1.weight"] == "renamed from 'image_encoder.trunk.blocks.0.mlp.layers.0.weight'"
+    assert converted["pos_embed.window_embed"] == "renamed from 'image_encoder.trunk.pos_embed_window'"
     x = torch.randn(1, 3, 256, 256)
     with torch.no_grad():
         assert_features_close(run(ours, x), sam2_trunk(x))
@@ -136,7 +139,7 @@ def test_sam2_checkpoint_container(sam2_trunk):
 def test_sam2_abswin_materialized_as_abs(sam2_trunk):
     ours = HieraDet(pos_embed="abs", embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,))
     report = load_hiera_checkpoint(ours, sam2_trunk.state_dict())
-    assert "materialized" in report.reshaped["pos_embed.pos_embed"]
+    assert "materialized" in dict(report.reshaped)["pos_embed.pos_embed"]
     with torch.no_grad():
         torch.testing.assert_close(ours.pos_embed((56, 56)), sam2_trunk._get_pos_embed((56, 56)), rtol=0, atol=1e-6)
 
@@ -146,8 +149,8 @@ def test_new_block_terms_are_reported_missing(sam2_trunk):
     ours = HieraDet(pos_embed="abswin", pos_global_size=7, global_pos="relpos", embed_dim=16, num_heads=1,
                     stages=(1, 1, 2, 1), global_att_blocks=(3,))
     report = load_hiera_checkpoint(ours, sam2_trunk.state_dict())
-    assert set(report.missing) == {"blocks.3.attn.rel_pos_h", "blocks.3.attn.rel_pos_w"}
-    assert all("relpos" in reason for reason in report.missing.values())
+    assert {k for k, _ in report.missing} == {"blocks.3.attn.rel_pos_h", "blocks.3.attn.rel_pos_w"}
+    assert all("relpos" in reason for _, reason in report.missing)
     deeper = HieraDet(pos_embed="abswin", pos_global_size=7, embed_dim=16, num_heads=1, stages=(1, 1, 2, 2),
                       global_att_blocks=(3,))  # one more block at the end: blocks.5 is not in the checkpoint
     with pytest.raises(ValueError, match="lacks .* trunk weights"):
@@ -174,7 +177,7 @@ def test_formats_and_bad_checkpoints(official, sam2_trunk, tmp_path):
                     global_att_blocks=(3,))
     assert detect_hiera_format(ours.state_dict()) == "winpos"
     sd, report = convert_hiera_checkpoint(sam2_trunk.state_dict())  # no target: keeps the source's form
-    assert isinstance(report, ConversionReport) and sd["pos_embed.global_embed"].shape == (1, 16, 7, 7)
+    assert isinstance(report, LoadReport) and sd["pos_embed.global_embed"].shape == (1, 16, 7, 7)
     path = tmp_path / "hiera.pth"
     torch.save({"model_state": official.state_dict()}, path)
     from_file, _ = convert_hiera_checkpoint(path)

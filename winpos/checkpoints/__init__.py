@@ -3,47 +3,20 @@
 Every file is read as data (``torch.load(weights_only=True)``, safetensors, or a restricted unpickler for
 detectron2's ``.pkl``), then renamed and, where the target asks for it, converted (abs -> abs-win exactly, relpos
 tables resampled). ``load_external`` is the one entry point; the per-family converters live in ``hiera.py`` and
-``vitdet.py``.
+``vitdet.py``. Every converter says what it did with each key in a ``LoadReport`` (``report.py``).
 """
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 
 import torch.nn as nn
 
 from winpos.checkpoints.io import load_checkpoint_object, load_state_dict_file, unwrap_state_dict
+from winpos.checkpoints.report import LoadReport
 
 FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae")
 _HIERA_FORMATS = ("sam2", "hiera", "timm_abswin", "winpos")
 _VIT_FORMATS = ("detectron2", "sam", "mae")
-
-
-@dataclass
-class LoadReport:
-    """One report for every family: ``(key, reason)`` pairs per outcome."""
-
-    source: str
-    matched: list = field(default_factory=list)
-    converted: list = field(default_factory=list)
-    reshaped: list = field(default_factory=list)
-    missing: list = field(default_factory=list)
-    unexpected: list = field(default_factory=list)
-    detail: str = ""
-
-    def summary(self) -> str:
-        return self.detail or (f"{self.source}: {len(self.matched)} matched, {len(self.converted)} converted, "
-                               f"{len(self.reshaped)} reshaped, {len(self.missing)} missing, "
-                               f"{len(self.unexpected)} unexpected")
-
-
-def _pairs(value) -> list:
-    return list(value.items()) if isinstance(value, dict) else list(value)
-
-
-def _unify(report) -> LoadReport:
-    return LoadReport(report.source, list(report.matched), _pairs(report.converted), _pairs(report.reshaped),
-                      _pairs(report.missing), _pairs(report.unexpected), report.summary())
 
 
 def _resolve_target(target, recipe, overrides) -> nn.Module:
@@ -90,18 +63,17 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
             raise ValueError(f"format={format!r} is a Hiera checkpoint; it cannot load into ViTDet")
         flat = unwrap_state_dict(obj, source="ViTDet checkpoint")
         if format == "winpos":
-            sd, report = flat, LoadReport("winpos", matched=sorted(flat))
+            sd, report = flat, LoadReport("winpos", target="winpos ViTDet", matched=sorted(flat))
         else:
             sd, report = convert_to_vitdet(flat, model, source=format)
     else:
         raise ValueError(f"load_external converts into HieraDet or ViTDet, not {type(model).__name__}")
-    unified = report if isinstance(report, LoadReport) else _unify(report)
     if strict:
-        fatal = [k for k, _ in unified.missing if not any(s in k for s in ("pos_embed", "rel_pos", "rope", ".ls"))]
+        fatal = [k for k, _ in report.missing if not any(s in k for s in ("pos_embed", "rel_pos", "rope", ".ls"))]
         if fatal:
             raise ValueError(f"the checkpoint lacks {len(fatal)} trunk weights of the target, e.g. {fatal[:5]}; "
                              "it was made for another architecture or size")
-    return sd, unified
+    return sd, report
 
 
 __all__ = ["FORMATS", "LoadReport", "load_checkpoint_object", "load_external", "load_state_dict_file"]

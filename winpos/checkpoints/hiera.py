@@ -23,42 +23,18 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 
 from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
+from winpos.checkpoints.report import LoadReport
 from winpos.posemb.abswin import abs_to_abswin, abswin_embedding
 from winpos.posemb.interp import flat_to_grid, resize_grid
 
 SOURCES = ("auto", "sam2", "hiera", "timm_abswin", "winpos")
 SAM2_PREFIX = "image_encoder.trunk."
 ABS, GLOBAL, WINDOW = "pos_embed.pos_embed", "pos_embed.global_embed", "pos_embed.window_embed"
-
-
-@dataclass
-class ConversionReport:
-    """What happened to every key.
-
-    matched: keys copied under the same name. converted: winpos key -> source key, renamed only.
-    reshaped: winpos key -> reason, for values that were transformed (abs -> abs-win, resized embeddings).
-    missing: target keys the checkpoint does not provide -> reason. unexpected: source keys dropped -> reason.
-    """
-
-    source: str
-    matched: list[str] = field(default_factory=list)
-    converted: dict[str, str] = field(default_factory=dict)
-    reshaped: dict[str, str] = field(default_factory=dict)
-    missing: dict[str, str] = field(default_factory=dict)
-    unexpected: dict[str, str] = field(default_factory=dict)
-
-    def summary(self) -> str:
-        lines = [f"Hiera checkpoint ({self.source}): {len(self.matched)} matched, {len(self.converted)} renamed, "
-                 f"{len(self.reshaped)} reshaped, {len(self.missing)} missing, {len(self.unexpected)} unexpected"]
-        lines += [f"  reshaped {k}: {v}" for k, v in self.reshaped.items()]
-        lines += [f"  missing {k}: {v}" for k, v in self.missing.items()]
-        return "\n".join(lines)
 
 
 def detect_hiera_format(state_dict: dict) -> str:
@@ -83,14 +59,18 @@ def detect_hiera_format(state_dict: dict) -> str:
                      f"{SOURCES[1:]} (HF transformers Hiera names are not supported: convert with timm first)")
 
 
-def _rename(state_dict: dict, source: str) -> tuple[dict, dict, dict]:
-    """Map trunk keys to winpos names. Returns ``(blocks {dst: (src, tensor)}, pos {role: tensor}, unexpected)``."""
-    out, pos, unexpected = {}, {}, {}
+def _rename(state_dict: dict, source: str, report: LoadReport) -> tuple[dict, dict]:
+    """Map trunk keys to winpos names; the rest goes to ``report.unexpected``.
+
+    Returns ``(blocks {dst: (src, tensor)}, pos {role: (src, tensor)})``.
+    """
+    out, pos = {}, {}
     names = {k: k for k in state_dict}  # trunk-relative name -> key in the file
     if source == "sam2" and any(k.startswith(SAM2_PREFIX) for k in state_dict):
         for k in state_dict:
             if not k.startswith(SAM2_PREFIX):
-                unexpected[k] = "outside the image-encoder trunk (neck, prompt encoder, mask decoder, memory)"
+                report.add_unexpected(k, "outside the image-encoder trunk (neck, prompt encoder, mask decoder, "
+                                         "memory)")
         names = {k[len(SAM2_PREFIX):]: k for k in state_dict if k.startswith(SAM2_PREFIX)}
     pos_names = {"sam2": {"pos_embed": "global", "pos_embed_window": "window"},
                  "timm_abswin": {"pos_embed": "global", "pos_embed_win": "window"},
@@ -104,8 +84,9 @@ def _rename(state_dict: dict, source: str) -> tuple[dict, dict, dict]:
             dst = k.replace(".mlp.layers.0.", ".mlp.fc1.").replace(".mlp.layers.1.", ".mlp.fc2.")
             out[dst] = (file_key, v)
         else:
-            unexpected[file_key] = "not part of the HieraDet trunk (classifier head, final norm or MAE decoder)"
-    return out, pos, unexpected
+            report.add_unexpected(file_key, "not part of the HieraDet trunk (classifier head, final norm or MAE "
+                                            "decoder)")
+    return out, pos
 
 
 def _target_shapes(target) -> dict[str, tuple] | None:
@@ -124,7 +105,7 @@ def _check_shape(src: str, dst: str, found, expected) -> None:
                          "build the matching preset or pass the right overrides")
 
 
-def _convert_pos(pos: dict, source: str, shapes: dict | None, report: ConversionReport) -> dict:
+def _convert_pos(pos: dict, source: str, shapes: dict | None, report: LoadReport) -> dict:
     """Turn the source's token embedding (``{role: (file_key, tensor)}``) into the target's form."""
     antialias = source == "timm_abswin"  # SAM2 resizes without antialias, timm's abs-win with it
     have = "abs" if "abs" in pos else "abswin" if "global" in pos else "none"
@@ -134,10 +115,10 @@ def _convert_pos(pos: dict, source: str, shapes: dict | None, report: Conversion
         want = "abs" if ABS in shapes else "abswin" if GLOBAL in shapes else "none"
     if want == "none" or have == "none":
         for key, _ in pos.values():
-            report.unexpected[key] = "the target model has pos_embed='none'"
+            report.add_unexpected(key, "the target model has pos_embed='none'")
         if want != "none":
             for k in (ABS,) if want == "abs" else (GLOBAL, WINDOW):
-                report.missing[k] = "the checkpoint has no token position embedding; keeps its initialization"
+                report.add_missing(k, "the checkpoint has no token position embedding; keeps its initialization")
         return {}
     if have == "abs":
         key, flat = pos["abs"]
@@ -152,45 +133,49 @@ def _convert_pos(pos: dict, source: str, shapes: dict | None, report: Conversion
         _check_shape(key, WINDOW, (1, flat.shape[-1]) + window, shapes[WINDOW])
         g, w = abs_to_abswin(flat_to_grid(flat), window)
         reason = f"abs {tuple(flat.shape)} split exactly into a {window} window embedding + residual"
-        report.reshaped[WINDOW] = report.reshaped[GLOBAL] = reason
-        return {GLOBAL: _fit_global(g, shapes[GLOBAL], key, report, True), WINDOW: w}
+        g, resized = _fit_global(g, shapes[GLOBAL], key, True)
+        report.add_reshaped(WINDOW, reason)
+        report.add_reshaped(GLOBAL, f"{reason}; {resized}" if resized else reason)
+        return {GLOBAL: g, WINDOW: w}
     if "window" not in pos:
         raise ValueError(f"the checkpoint has a global abs-win embedding '{pos['global'][0]}' but no window "
                          "embedding; the file is incomplete")
     (gkey, g), (wkey, w) = pos["global"], pos["window"]
     if want == "abswin":
+        resized = None
         if shapes is not None:
             _check_shape(wkey, WINDOW, w.shape, shapes[WINDOW])
-            g = _fit_global(g, shapes[GLOBAL], gkey, report, antialias)
+            g, resized = _fit_global(g, shapes[GLOBAL], gkey, antialias)
         _note(report, WINDOW, wkey)
-        if GLOBAL not in report.reshaped:
+        if resized:
+            report.add_reshaped(GLOBAL, resized)
+        else:
             _note(report, GLOBAL, gkey)
         return {GLOBAL: g, WINDOW: w}
     n, C = shapes[ABS][1], shapes[ABS][2]
     side = math.isqrt(n)
     _check_shape(gkey, ABS, (1, side * side, g.shape[1]), shapes[ABS])
     flat = abswin_embedding(g, w, (side, side), antialias).flatten(2).transpose(1, 2)
-    report.reshaped[ABS] = f"abs-win materialized on the {side}x{side} grid of the target's abs embedding"
+    report.add_reshaped(ABS, f"abs-win materialized on the {side}x{side} grid of the target's abs embedding")
     return {ABS: flat}
 
 
-def _fit_global(g, expected, src, report, antialias):
+def _fit_global(g, expected, src, antialias):
+    """Resize the global embedding to the target's grid; returns ``(g, why)`` with ``why=None`` when unchanged."""
     if tuple(g.shape[:2]) != tuple(expected[:2]):
         _check_shape(src, GLOBAL, g.shape, expected)
     if tuple(g.shape) == tuple(expected):
-        return g
-    before = report.reshaped.get(GLOBAL)
-    note = (f"global embedding resized {tuple(g.shape[-2:])} -> {tuple(expected[-2:])} (bicubic; not exact: "
-            "give the model a global grid of the source size for an exact conversion)")
-    report.reshaped[GLOBAL] = f"{before}; {note}" if before else note
-    return resize_grid(g, expected[-2:], antialias=antialias)
+        return g, None
+    why = (f"global embedding resized {tuple(g.shape[-2:])} -> {tuple(expected[-2:])} (bicubic; not exact: "
+           "give the model a global grid of the source size for an exact conversion)")
+    return resize_grid(g, expected[-2:], antialias=antialias), why
 
 
 def _note(report, dst, src):
-    if dst == src:
-        report.matched.append(dst)
+    if src in (dst, SAM2_PREFIX + dst):  # a container prefix alone is no rename (like ViTDet's "backbone.net.")
+        report.add_matched(dst)
     else:
-        report.converted[dst] = src
+        report.add_converted(dst, f"renamed from '{src}'")
 
 
 def _missing_reason(key: str) -> str:
@@ -213,7 +198,7 @@ def convert_hiera_checkpoint(checkpoint, target=None, source: str = "auto"):
             the position embedding and every shape is checked against it. None keeps the source's form.
         source: one of ``SOURCES``; ``"auto"`` detects it.
     Returns:
-        ``(state_dict, ConversionReport)``; load with ``model.load_state_dict(state_dict, strict=False)`` or use
+        ``(state_dict, LoadReport)``; load with ``model.load_state_dict(state_dict, strict=False)`` or use
         ``load_hiera_checkpoint``.
     Raises:
         ValueError: unknown format, video checkpoint, or a shape that differs from the target (naming the key,
@@ -226,12 +211,12 @@ def convert_hiera_checkpoint(checkpoint, target=None, source: str = "auto"):
         raise ValueError(f"unknown source={source!r}; choose one of {', '.join(SOURCES)}")
     source = detect_hiera_format(state_dict) if source == "auto" else source
     shapes = _target_shapes(target)
-    report = ConversionReport(source)
-    blocks, pos, report.unexpected = _rename(state_dict, source)
+    report = LoadReport(source, target="winpos HieraDet")
+    blocks, pos = _rename(state_dict, source, report)
     out = {}
     for dst, (src, value) in blocks.items():
         if shapes is not None and dst not in shapes:
-            report.unexpected[src] = "no such parameter in the target model (more blocks, or an expand proj)"
+            report.add_unexpected(src, "no such parameter in the target model (more blocks, or an expand proj)")
             continue
         if shapes is not None:
             _check_shape(src, dst, value.shape, shapes[dst])
@@ -239,19 +224,20 @@ def convert_hiera_checkpoint(checkpoint, target=None, source: str = "auto"):
         _note(report, dst, src)
     out.update(_convert_pos(pos, source, shapes, report))
     if shapes is not None:
+        noted = {k for k, _ in report.missing}
         for k in shapes:
-            if k not in out and k not in report.missing:
-                report.missing[k] = _missing_reason(k)
+            if k not in out and k not in noted:
+                report.add_missing(k, _missing_reason(k))
     return out, report
 
 
 def load_hiera_checkpoint(model: nn.Module, checkpoint, source: str = "auto", strict: bool = True):
-    """Convert ``checkpoint`` for ``model`` and load it; returns the ``ConversionReport``.
+    """Convert ``checkpoint`` for ``model`` and load it; returns the ``LoadReport``.
 
     With ``strict`` a missing trunk weight (anything but new relpos / RoPE / LayerScale parameters) is an error.
     """
     state_dict, report = convert_hiera_checkpoint(checkpoint, target=model, source=source)
-    fatal = [k for k in report.missing if not any(s in k for s in ("rel_pos", "rope", ".ls1.", ".ls2."))]
+    fatal = [k for k, _ in report.missing if not any(s in k for s in ("rel_pos", "rope", ".ls1.", ".ls2."))]
     if strict and fatal:
         raise ValueError(f"the checkpoint lacks {len(fatal)} trunk weights of the model, e.g. {fatal[:5]}; it is "
                          "for a different architecture (check stages / expand_proj), or pass strict=False")
@@ -259,4 +245,4 @@ def load_hiera_checkpoint(model: nn.Module, checkpoint, source: str = "auto", st
     return report
 
 
-__all__ = ["ConversionReport", "SOURCES", "convert_hiera_checkpoint", "detect_hiera_format", "load_hiera_checkpoint"]
+__all__ = ["SOURCES", "convert_hiera_checkpoint", "detect_hiera_format", "load_hiera_checkpoint"]

@@ -1,7 +1,7 @@
 """Load detectron2 ViTDet, segment-anything ``ImageEncoderViT`` and MAE ViT weights into ``winpos`` ``ViTDet``.
 
 Each converter maps a source state dict onto the parameter names and the position encodings of a *target*
-model and returns ``(state_dict, ConversionReport)``; ``load_vitdet_weights`` also loads it. What the target asks
+model and returns ``(state_dict, LoadReport)``; ``load_vitdet_weights`` also loads it. What the target asks
 for decides the conversions:
 
 - ``pos_embed="abs"``: the source embedding is stored as the target stores it (flat, with or without the unused cls
@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn as nn
 
+from winpos.checkpoints.report import LoadReport
 from winpos.posemb.abswin import abs_to_abswin
 from winpos.posemb.interp import resize_grid
 from winpos.posemb.relpos import resample_rel_table
 
-__all__ = ["ConversionReport", "detect_source", "convert_detectron2_vit", "convert_sam_image_encoder",
+__all__ = ["detect_source", "convert_detectron2_vit", "convert_sam_image_encoder",
            "convert_mae_vit", "convert_to_vitdet", "load_vitdet_weights", "load_vitdet_checkpoint"]
 
 SOURCES = ("detectron2", "sam", "mae")
@@ -39,34 +39,6 @@ _CONTAINERS = ("model", "state_dict", "model_state", "module")
 _REL = re.compile(r"^blocks\.(\d+)\.attn\.rel_pos_([hw])$")
 # Keys that are new in winpos and may keep their initialization when a checkpoint lacks them.
 _NEW_PARAM = ("pos_embed", "rel_pos", "rope", ".ls1.", ".ls2.")
-
-
-@dataclass
-class ConversionReport:
-    """What happened to every key.
-
-    matched: target keys copied unchanged (possibly renamed). converted: ``(target key, how)`` for exact re-layouts
-    (NHWC -> flat, cls row dropped, abs -> abs-win). reshaped: ``(target key, how)`` for interpolated values
-    (relpos resampling, lossy global-embedding resizing). missing: ``(target key, why)`` for parameters the
-    source lacks (they keep their initialization). unexpected: ``(source key, why)`` for ignored source keys.
-    unknown: the subset of unexpected source keys no rule recognised (a strict load refuses them).
-    """
-
-    source: str
-    matched: list[str] = field(default_factory=list)
-    converted: list[tuple[str, str]] = field(default_factory=list)
-    reshaped: list[tuple[str, str]] = field(default_factory=list)
-    missing: list[tuple[str, str]] = field(default_factory=list)
-    unexpected: list[tuple[str, str]] = field(default_factory=list)
-    unknown: list[str] = field(default_factory=list)
-
-    def summary(self) -> str:
-        lines = [f"{self.source} -> winpos ViTDet: {len(self.matched)} matched, {len(self.converted)} converted, "
-                 f"{len(self.reshaped)} reshaped, {len(self.missing)} missing, {len(self.unexpected)} ignored"]
-        for title, items in (("converted", self.converted), ("reshaped", self.reshaped),
-                             ("missing", self.missing), ("ignored", self.unexpected)):
-            lines += [f"  {title}: {k}: {why}" for k, why in items[:50]]
-        return "\n".join(lines)
 
 
 def _to_tensor(v):
@@ -119,31 +91,28 @@ class _Converter:
             raise ValueError(f"the target must be a winpos ViTDet, got {type(model).__name__}")
         self.model, self.target = model, model.state_dict()
         self.out: dict[str, torch.Tensor] = {}
-        self.report = ConversionReport(source)
-
-    def ignore(self, key, why, known=True):
-        self.report.unexpected.append((key, why))
-        if not known:
-            self.report.unknown.append(key)
+        self.report = LoadReport(source, target="winpos ViTDet")
 
     def put(self, key, value, source_key):
         if key not in self.target:
-            self.ignore(source_key, "no such parameter in the target model", known=False)
+            self.report.add_unexpected(source_key, "no such parameter in the target model", known=False)
             return
         if tuple(value.shape) != tuple(self.target[key].shape):
             raise _shape_error(source_key, self.target[key].shape, value.shape,
                                "build the model with the checkpoint's sizes (embed_dim, num_heads, mlp_ratio, ...)")
         self.out[key] = value
-        self.report.matched.append(key)
+        self.report.add_matched(key)
 
     def relpos(self, key, value, source_key):
         block = int(_REL.match(key).group(1))
         if key not in self.target:
             if block < len(self.model.blocks):
                 kind = self.model.blocks[block].attn.position.kind
-                self.ignore(source_key, f"block {block} of the target uses position term {kind!r}, not relpos")
+                self.report.add_unexpected(source_key,
+                                           f"block {block} of the target uses position term {kind!r}, not relpos")
             else:
-                self.ignore(source_key, f"the target has only {len(self.model.blocks)} blocks", known=False)
+                self.report.add_unexpected(source_key, f"the target has only {len(self.model.blocks)} blocks",
+                                           known=False)
             return
         want = self.target[key].shape
         if value.dim() != 2 or value.shape[1] != want[1]:
@@ -151,17 +120,17 @@ class _Converter:
                                "head_dim (embed_dim / num_heads) must match the checkpoint")
         if value.shape[0] != want[0]:
             self.out[key] = resample_rel_table(value.float(), want[0]).to(value.dtype)
-            self.report.reshaped.append((key, f"relpos table resampled linearly from length {value.shape[0]} to "
-                                              f"{want[0]} (like detectron2's get_rel_pos at the new extent)"))
+            self.report.add_reshaped(key, f"relpos table resampled linearly from length {value.shape[0]} to "
+                                          f"{want[0]} (like detectron2's get_rel_pos at the new extent)")
         else:
             self.out[key] = value
-            self.report.matched.append(key)
+            self.report.add_matched(key)
 
     def pos_embed(self, grid: torch.Tensor, cls: torch.Tensor | None, layout: str, source_key: str):
         """``grid (1, C, h, w)`` NCHW source embedding (cls row separate) -> the target's position parameters."""
         kind = self.model.pos_embed_kind
         if kind == "none":
-            self.ignore(source_key, "the target has pos_embed='none'; the absolute embedding is dropped")
+            self.report.add_unexpected(source_key, "the target has pos_embed='none'; the absolute embedding is dropped")
             return
         h, w = grid.shape[-2:]
         if grid.shape[1] != self.model.embed_dim:
@@ -189,36 +158,36 @@ class _Converter:
             notes.append("cls row dropped (detectron2's get_abs_pos drops it too)")
         self.out[key] = flat
         if notes:
-            self.report.converted.append((key, "; ".join(notes)))
+            self.report.add_converted(key, "; ".join(notes))
         else:
-            self.report.matched.append(key)
+            self.report.add_matched(key)
 
     def _to_abswin(self, grid, source_key):
         w = self.model.window_size
         g, win = abs_to_abswin(grid.float(), w)
         self.out["pos_embed.window_embed"] = win.to(grid.dtype)
-        self.report.converted.append(("pos_embed.window_embed", f"mean of the {grid.shape[-2] // w}x"
-                                      f"{grid.shape[-1] // w} full {w}x{w} tiles of {source_key} (exact abs->abswin)"))
+        self.report.add_converted("pos_embed.window_embed", f"mean of the {grid.shape[-2] // w}x"
+                                  f"{grid.shape[-1] // w} full {w}x{w} tiles of {source_key} (exact abs->abswin)")
         gkey = "pos_embed.global_embed"
         want = tuple(self.target[gkey].shape[-2:])
         if self.model.pos_embed_kind == "abswin_recursive" and g.any():
             # The recursive form is periodic with the pretraining grid: a non-periodic residual has no exact image.
-            self.report.reshaped.append((gkey, "lossy: abswin_recursive is periodic with the pretraining grid and "
-                                               "cannot hold this source's non-periodic residual; use pos_embed="
-                                               "'abswin' to keep it"))
+            self.report.add_reshaped(gkey, "lossy: abswin_recursive is periodic with the pretraining grid and "
+                                           "cannot hold this source's non-periodic residual; use pos_embed="
+                                           "'abswin' to keep it")
             g = resize_grid(g, want, antialias=want[0] < g.shape[-2] or want[1] < g.shape[-1])
         elif tuple(g.shape[-2:]) == want:
-            self.report.converted.append((gkey, "residual of the tiled window embedding (exact)"))
+            self.report.add_converted(gkey, "residual of the tiled window embedding (exact)")
         elif not g.any():
             g = g.new_zeros(1, g.shape[1], *want)
-            self.report.converted.append((gkey, f"zeros: the {grid.shape[-2]}x{grid.shape[-1]} source is fully "
-                                                "periodic with the window, so the residual is zero (exact)"))
+            self.report.add_converted(gkey, f"zeros: the {grid.shape[-2]}x{grid.shape[-1]} source is fully "
+                                            "periodic with the window, so the residual is zero (exact)")
         else:
             antialias = want[0] < g.shape[-2] or want[1] < g.shape[-1]
             g = resize_grid(g, want, antialias=antialias)
             h, w_ = grid.shape[-2:]
-            self.report.reshaped.append((gkey, f"non-zero {h}x{w_} residual resized to {want[0]}x{want[1]} (lossy; "
-                                               f"build with abswin_global_size=({h}, {w_}) to keep it exact)"))
+            self.report.add_reshaped(gkey, f"non-zero {h}x{w_} residual resized to {want[0]}x{want[1]} (lossy; "
+                                           f"build with abswin_global_size=({h}, {w_}) to keep it exact)")
         self.out[gkey] = g.to(grid.dtype)
 
     def finish(self):
@@ -226,10 +195,9 @@ class _Converter:
             if key in self.out:
                 continue
             new = any(s in key for s in _NEW_PARAM)
-            self.report.missing.append((key, "not in the source checkpoint; keeps its initialization" +
-                                        ("" if new else " (a trunk weight: is this the right checkpoint?)")))
+            self.report.add_missing(key, "not in the source checkpoint; keeps its initialization" +
+                                    ("" if new else " (a trunk weight: is this the right checkpoint?)"))
         return self.out, self.report
-
 
 
 def _split_flat(value: torch.Tensor, key: str):
@@ -253,27 +221,63 @@ def _trunk(conv: _Converter, name: str, value: torch.Tensor, source_key: str) ->
         conv.put(name, value, source_key)
 
 
+def _convert(state_dict, model: nn.Module, source: str, route, prefix: str = "", outside: str = ""):
+    """Run ``route(conv, name, value, source_key)`` on every trunk tensor of ``state_dict``.
+
+    When some key starts with ``prefix`` the file is a whole model: ``prefix`` is stripped from its keys and the keys
+    without it are reported as ignored, with the reason ``outside``. Returns ``(state_dict, LoadReport)``.
+    """
+    sd = _flat_state_dict(state_dict)
+    conv = _Converter(model, source)
+    prefixed = bool(prefix) and any(k.startswith(prefix) for k in sd)
+    for key, value in sd.items():
+        if prefixed and not key.startswith(prefix):
+            conv.report.add_unexpected(key, outside)
+        else:
+            route(conv, key[len(prefix):] if prefixed else key, value, key)
+    return conv.finish()
+
+
+def _route_detectron2(conv: _Converter, name: str, value: torch.Tensor, key: str) -> None:
+    if name == "pos_embed":
+        grid, cls = _split_flat(value, key)
+        conv.pos_embed(grid, cls, "flat", key)
+    else:
+        _trunk(conv, name, value, key)
+
+
+def _route_mae(conv: _Converter, name: str, value: torch.Tensor, key: str) -> None:
+    if name == "cls_token":
+        conv.report.add_unexpected(key, "ViTDet uses no cls token")
+    elif name.startswith(("norm.", "fc_norm.")):
+        conv.report.add_unexpected(key, "final norm of the pretraining encoder; ViTDet's trunk ends at the last block")
+    elif name.startswith("head."):
+        conv.report.add_unexpected(key, "classifier head")
+    elif name.startswith(("decoder", "mask_token")):
+        conv.report.add_unexpected(key, "MAE decoder")
+    else:
+        _route_detectron2(conv, name, value, key)  # the same names and the same flat pos_embed
+
+
+def _route_sam(conv: _Converter, name: str, value: torch.Tensor, key: str) -> None:
+    if name.startswith("neck."):
+        conv.report.add_unexpected(key, "SAM neck (the detector's own pyramid replaces it)")
+    elif name == "pos_embed":
+        if value.dim() != 4 or value.shape[0] != 1:
+            raise _shape_error(key, ("1", "h", "w", "C"), value.shape, "SAM stores pos_embed NHWC")
+        conv.pos_embed(value.permute(0, 3, 1, 2), None, "NHWC", key)
+    else:
+        _trunk(conv, name.replace(".mlp.lin1.", ".mlp.fc1.").replace(".mlp.lin2.", ".mlp.fc2."), value, key)
+
+
 def convert_detectron2_vit(state_dict, model: nn.Module):
     """detectron2 ``ViT`` weights (``backbone.net.`` prefix optional; ``.pkl`` numpy or ``.pth``) -> ``model``.
 
-    Returns ``(state_dict, ConversionReport)``; load with ``model.load_state_dict(sd, strict=False)`` or use
+    Returns ``(state_dict, LoadReport)``; load with ``model.load_state_dict(sd, strict=False)`` or use
     ``load_vitdet_weights``. Keys outside ``backbone.net.`` (pyramid, heads) are reported and ignored.
     """
-    sd = _flat_state_dict(state_dict)
-    conv = _Converter(model, "detectron2")
-    prefix = "backbone.net."
-    prefixed = any(k.startswith(prefix) for k in sd)
-    for key, value in sd.items():
-        if prefixed and not key.startswith(prefix):
-            conv.ignore(key, "detector part outside the ViT trunk (pyramid, RPN, ROI heads, pixel statistics)")
-            continue
-        name = key[len(prefix):] if prefixed else key
-        if name == "pos_embed":
-            grid, cls = _split_flat(value, key)
-            conv.pos_embed(grid, cls, "flat", key)
-        else:
-            _trunk(conv, name, value, key)
-    return conv.finish()
+    return _convert(state_dict, model, "detectron2", _route_detectron2, prefix="backbone.net.",
+                    outside="detector part outside the ViT trunk (pyramid, RPN, ROI heads, pixel statistics)")
 
 
 def convert_mae_vit(state_dict, model: nn.Module):
@@ -283,23 +287,7 @@ def convert_mae_vit(state_dict, model: nn.Module):
     ``fc_norm``, a classifier ``head`` and any decoder are reported and ignored. Relpos tables are missing (zero
     init, as detectron2 starts from MAE).
     """
-    sd = _flat_state_dict(state_dict)
-    conv = _Converter(model, "mae")
-    for key, value in sd.items():
-        if key == "pos_embed":
-            grid, cls = _split_flat(value, key)
-            conv.pos_embed(grid, cls, "flat", key)
-        elif key == "cls_token":
-            conv.ignore(key, "ViTDet uses no cls token")
-        elif key.startswith(("norm.", "fc_norm.")):
-            conv.ignore(key, "final norm of the pretraining encoder; ViTDet's trunk ends at the last block")
-        elif key.startswith("head."):
-            conv.ignore(key, "classifier head")
-        elif key.startswith(("decoder", "mask_token")):
-            conv.ignore(key, "MAE decoder")
-        else:
-            _trunk(conv, key, value, key)
-    return conv.finish()
+    return _convert(state_dict, model, "mae", _route_mae)
 
 
 def convert_sam_image_encoder(state_dict, model: nn.Module):
@@ -310,25 +298,8 @@ def convert_sam_image_encoder(state_dict, model: nn.Module):
     window). ``mlp.lin1/lin2`` are renamed ``mlp.fc1/fc2``. The neck, prompt encoder and mask decoder are reported
     and ignored.
     """
-    sd = _flat_state_dict(state_dict)
-    conv = _Converter(model, "sam")
-    prefix = "image_encoder."
-    prefixed = any(k.startswith(prefix) for k in sd)
-    for key, value in sd.items():
-        if prefixed and not key.startswith(prefix):
-            conv.ignore(key, "SAM prompt encoder / mask decoder, not part of the image encoder")
-            continue
-        name = key[len(prefix):] if prefixed else key
-        if name.startswith("neck."):
-            conv.ignore(key, "SAM neck (the detector's own pyramid replaces it)")
-        elif name == "pos_embed":
-            if value.dim() != 4 or value.shape[0] != 1:
-                raise _shape_error(key, ("1", "h", "w", "C"), value.shape, "SAM stores pos_embed NHWC")
-            conv.pos_embed(value.permute(0, 3, 1, 2), None, "NHWC", key)
-        else:
-            name = name.replace(".mlp.lin1.", ".mlp.fc1.").replace(".mlp.lin2.", ".mlp.fc2.")
-            _trunk(conv, name, value, key)
-    return conv.finish()
+    return _convert(state_dict, model, "sam", _route_sam, prefix="image_encoder.",
+                    outside="SAM prompt encoder / mask decoder, not part of the image encoder")
 
 
 _CONVERTERS = {"detectron2": convert_detectron2_vit, "sam": convert_sam_image_encoder, "mae": convert_mae_vit}
@@ -343,7 +314,7 @@ def convert_to_vitdet(state_dict, model: nn.Module, source: str = "auto"):
     return _CONVERTERS[source](state_dict, model)
 
 
-def load_vitdet_weights(model: nn.Module, state_dict, source: str = "auto", strict: bool = True) -> ConversionReport:
+def load_vitdet_weights(model: nn.Module, state_dict, source: str = "auto", strict: bool = True) -> LoadReport:
     """Convert ``state_dict`` (any supported family) and load it into ``model`` in place.
 
     strict: refuse source keys no rule recognises and trunk weights (anything but position parameters and
@@ -363,7 +334,7 @@ def load_vitdet_weights(model: nn.Module, state_dict, source: str = "auto", stri
     return report
 
 
-def load_vitdet_checkpoint(model: nn.Module, path, source: str = "auto", strict: bool = True) -> ConversionReport:
+def load_vitdet_checkpoint(model: nn.Module, path, source: str = "auto", strict: bool = True) -> LoadReport:
     """``load_vitdet_weights`` from a file (``.pkl``, ``.pth``, ``.safetensors``), read safely by
     ``winpos.checkpoints.io.load_checkpoint_object``."""
     from winpos.checkpoints.io import load_checkpoint_object
