@@ -155,16 +155,9 @@ def _timer(fn, cuda: bool, reps: int):
 
 
 def _peak_mib(fn, cuda: bool):
-    import torch
+    from winpos.bench.timing import cuda_peak_mib
 
-    if not cuda:
-        return None
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
+    return cuda_peak_mib(fn) if cuda else None
 
 
 def bench_row(shape: Shape, variant: str, impl: str, dtype, device, reps: int, ref_out=None) -> dict:

@@ -1,7 +1,26 @@
-"""The benchmark harness computes what it prints (tiny shapes; timings themselves are never asserted)."""
-from winpos.bench import posemb
-from winpos.bench.scaling import fit_exponent
-from winpos.bench.timing import interleaved_medians
+"""The benchmark harness computes what it prints (tiny shapes; timings themselves are never asserted).
+
+The CLI tests run ``tools/benchmark.py`` in a subprocess (one thread, no GPU visible) and check its JSON: every
+measured number finite and positive, ratios equal to the ratio of the printed times, loaded models equal to the
+peer they were loaded from.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from winpos.bench import kernels, posemb
+from winpos.bench.peers import ROWS, build_model, rows_for
+from winpos.bench.profile import side_by_side
+from winpos.bench.scaling import fit_exponent, parse_sizes
+from winpos.bench.timing import interleaved_medians, write_json
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_fit_exponent_recovers_power_laws():
@@ -22,7 +41,139 @@ def test_interleaved_medians_calls_each_function():
 
 
 def test_posemb_benchmark_compares_equal_outputs():
-    res = posemb.run(grid=8, heads=2, head_dim=16, repeats=1)
+    res = posemb.run(grid=8, heads=2, head_dim=16, repeats=1, memory=False)
     assert res["max_abs_diff"] < 1e-5
     assert {r["method"] for r in res["rows"]} == {"augmented_qk", "materialized"}
     assert all(r["median_ms"] > 0 for r in res["rows"])
+
+
+def test_parse_sizes():
+    assert parse_sizes("64, 96x128") == ((64, 64), (96, 128))
+    for bad in ("64", "64,abc", "64,0", "64,1x2x3"):
+        with pytest.raises(ValueError):
+            parse_sizes(bad)
+
+
+def test_rows_for_keeps_peers_and_sources():
+    assert rows_for("hiera", ["hieradet-b+ paper"]) == ["sam2 Hiera-B+", "winpos HieraDet-B+ paper"]
+    sam = rows_for("all", ["SAM weights"])
+    assert sam == ["segment-anything ViT-B encoder trunk", "winpos ViTDet-B original (SAM weights)"]
+    assert all(ROWS[n].family == "vitdet" for n in rows_for("vitdet"))
+    with pytest.raises(ValueError, match="no hiera row matches"):
+        rows_for("hiera", ["ViTDet"])
+
+
+def test_write_json_stores_unmeasured_as_null(tmp_path):
+    write_json(tmp_path / "r.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": None})
+    assert json.loads((tmp_path / "r.json").read_text()) == {"a": None, "b": [1.5, None], "c": None}
+
+
+def test_side_by_side_merges_top_ops():
+    mine = {"ops": [{"op": "mm", "self_ms": 5.0, "share": 0.5}, {"op": "gelu", "self_ms": 1.0, "share": 0.1}]}
+    peer = {"ops": [{"op": "mm", "self_ms": 4.0, "share": 0.6}, {"op": "copy", "self_ms": 2.0, "share": 0.3}]}
+    rows = side_by_side(mine, peer)
+    assert [r["op"] for r in rows] == ["mm", "copy", "gelu"]
+    assert rows[1]["ms"] is None and rows[1]["peer_ms"] == 2.0 and rows[2]["peer_share"] is None
+
+
+def test_kernels_command_forces_a_dry_run_only_without_cuda():
+    cmd, forced = kernels.command(["--json", "x.json"], cuda=False)
+    assert forced and cmd[1:] == ["-m", "winpos.kernels.bench", "--json", "x.json", "--dry-run"]
+    assert kernels.command(["--json", "x.json"], cuda=True) == ([sys.executable, "-m", "winpos.kernels.bench",
+                                                                 "--json", "x.json"], False)
+    assert not kernels.command(["--dry-run"], cuda=False)[1] and not kernels.command(["--help"], cuda=False)[1]
+
+
+@pytest.mark.parametrize("name", ["winpos ViTDet-B original (SAM weights)", "timm HieraDet-B+ (sam2_hiera_base_plus)"])
+def test_loaded_rows_match_the_model_they_were_loaded_from(name):
+    # Oracle: the peer itself (segment-anything's encoder trunk, sam2's Hiera), random weights shared through
+    # winpos' converters (SAM) or timm's checkpoint filter (timm).
+    built = {}
+    model = build_model(name, 64, built)
+    source = built[ROWS[name].source]
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        a, b = model(x), source(x)
+    a, b = (o[-1] if isinstance(o, (list, tuple)) else o for o in (a, b))
+    assert a.shape == b.shape
+    assert float((a - b).abs().max() / b.abs().max()) < 1e-5
+
+
+def _cli(tmp_path, *args, env=None):
+    """Run ``tools/benchmark.py *args --json OUT`` on one thread; returns (json, stdout)."""
+    out = tmp_path / "out.json"
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), *args, "--json", str(out)],
+                          cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"benchmark {args[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(out.read_text()), proc.stdout
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_backbone_cli(tmp_path):
+    res, stdout = _cli(tmp_path, "backbone", "--rows", "HieraDet-B+ paper", "--size", "64", "--repeats", "1",
+                       "--threads", "1", "--profile", "3")
+    rows = {r["model"]: r for r in res["rows"]}
+    mine, peer = rows["winpos HieraDet-B+ paper"], rows["sam2 Hiera-B+"]
+    assert set(rows) == {mine["model"], peer["model"]} and mine["peer"] == peer["model"] and peer["peer"] is None
+    assert res["memory_column"] == "peak_rss_mib" and _positive(res["matmul_gflops_per_s"])
+    for r in rows.values():
+        assert all(_positive(r[k]) for k in ("median_s", "gflops", "fraction_of_matmul_peak", "peak_rss_mib")), r
+        assert math.isclose(r["fraction_of_matmul_peak"], r["gflops"] / r["median_s"] / res["matmul_gflops_per_s"])
+    assert math.isclose(mine["speedup_vs_peer"], peer["median_s"] / mine["median_s"])
+    assert peer["speedup_vs_peer"] is None
+    # Same trunk, same matmuls: winpos' abs-win HieraDet-B+ costs what sam2's does.
+    assert abs(mine["gflops"] - peer["gflops"]) / peer["gflops"] < 0.01
+    assert set(res["profile"]) == set(rows)
+    for prof in res["profile"].values():
+        assert prof["clock"] == "cpu" and 0 < len(prof["ops"]) <= 3 and _positive(prof["total_ms"])
+        assert all(_positive(o["self_ms"]) and 0 < o["share"] <= 1 for o in prof["ops"])
+        assert sum(o["share"] for o in prof["ops"]) <= 1 + 1e-9
+    assert "## profile, cpu self time, top 3 ops: winpos HieraDet-B+ paper" in stdout
+
+
+def test_posemb_cli(tmp_path):
+    res, _ = _cli(tmp_path, "posemb", "--size", "128", "--repeats", "1", "--threads", "1", "--no-memory")
+    assert res["shape"]["grid"] == 8 and res["max_abs_diff"] < 1e-5
+    assert [(r["mode"], r["method"]) for r in res["rows"]] == [
+        ("fwd", "augmented_qk"), ("fwd", "materialized"), ("fwd+bwd", "augmented_qk"), ("fwd+bwd", "materialized")]
+    for mode in ("fwd", "fwd+bwd"):
+        aug, mat = (r for r in res["rows"] if r["mode"] == mode)
+        assert _positive(aug["median_ms"]) and _positive(mat["median_ms"])
+        assert math.isclose(aug["speedup_vs_materialized"], mat["median_ms"] / aug["median_ms"])
+    assert all(r["peak_rss_mib"] is None for r in res["rows"])  # --no-memory: not measured, stored as null
+
+
+def test_scaling_cli(tmp_path):
+    res, _ = _cli(tmp_path, "scaling", "--preset", "vitdet_tiny", "--sizes", "64,128", "--repeats", "1",
+                  "--threads", "1", "--no-memory", "--plot", str(tmp_path / "scaling.png"))
+    assert len(res["variants"]) == 5 and set(res["exponent"]) == set(res["variants"])
+    for pts in res["variants"].values():
+        assert [p["tokens"] for p in pts] == [16, 64] and all(_positive(p["seconds"]) for p in pts)
+    assert all(math.isfinite(k) for k in res["exponent"].values())
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+
+
+def test_train_cli(tmp_path):
+    data = f"dataloader.train.dataset.shapes={{root:'{tmp_path}',train_images:4,val_images:1}}"
+    res, stdout = _cli(tmp_path, "train", "--encodings", "abswin,rope", "--iters", "1", "--threads", "1",
+                       "--opts", "dataloader.train.total_batch_size=2", data)
+    assert [r["encoding"] for r in res["rows"]] == ["abswin", "rope"] and res["data_loading_measured"] is False
+    assert "data loading not measured" in stdout
+    for r in res["rows"]:
+        assert r["images_per_iter"] == 2 and _positive(r["median_s_per_iter"]) and _positive(r["last_total_loss"])
+        assert math.isclose(r["images_per_s"], 2 / r["median_s_per_iter"])
+    abswin, rope = res["rows"]
+    assert abswin["speedup_vs_abswin"] == 1.0
+    assert math.isclose(rope["speedup_vs_abswin"], abswin["median_s_per_iter"] / rope["median_s_per_iter"])
+
+
+def test_kernels_cli_without_gpu_runs_the_dry_run(tmp_path):
+    # No GPU visible, so on every machine: the message, then the dry run with the forwarded --impls.
+    res, stdout = _cli(tmp_path, "kernels", "--impls", "sdpa", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert kernels.GPU_NEEDED in stdout
+    assert res["interpreter"] is True and res["rows"] and not res["errors"]
+    assert {r["impl"] for r in res["rows"]} == {"sdpa"} and all(_positive(r["fwd_ms"]) for r in res["rows"])

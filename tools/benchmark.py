@@ -1,43 +1,129 @@
 #!/usr/bin/env python
-"""Benchmarks, each timing winpos and its peers interleaved in one process and printing ratios.
+"""Benchmarks: winpos and its peers timed interleaved (round-robin) in one process, medians after warm-up, ratios.
 
-    python tools/benchmark.py posemb [--json out.json]     # relpos: augmented-QK vs materialized (ViTDet-B global block)
-    python tools/benchmark.py backbone [--which vitdet|hiera|all] [--size 1024] [--bf16]
-    python tools/benchmark.py scaling [--plot scaling.png]     # time/memory vs input size, growth exponent
-    python -m winpos.kernels.bench --json OUT.json            # Triton kernels vs SDPA (GPU only; --dry-run on CPU)
+    python tools/benchmark.py backbone [--which all|vitdet|hiera] [--rows TEXT] [--size 1024] [--bf16] [--profile N]
+        # winpos ViTDet-B / HieraDet-B+ vs detectron2 ViT-B, segment-anything ViT-B, sam2 and timm Hiera-B+:
+        # time, speedup over the peer, fvcore GFLOPs, fraction of measured matmul throughput, peak memory,
+        # with --profile N the top-N ops (self time) of each winpos row next to its peer's
+    python tools/benchmark.py posemb [--size 1024]
+        # relpos through the augmented-QK identity vs materialized, one ViTDet-B global block (fwd, fwd+bwd)
+    python tools/benchmark.py scaling [--preset vitdet_b] [--sizes 256,384,512,512x768,768] [--plot out.png]
+        # time and memory vs input size per encoding, fitted growth exponent (time ~ tokens^k)
+    python tools/benchmark.py train [--which hieradet|vitdet] [--encodings abswin,rope] [--iters 5] [--bf16]
+        # training steps/s of the tiny shapes Mask R-CNN per encoding (configs/shapes), ratio vs abswin
+    python tools/benchmark.py kernels [ARGS of winpos.kernels.bench, e.g. --json out.json --reps 10]
+        # Triton window attention vs SDPA (GPU); without CUDA it says so and runs its --dry-run
+
+Options after every subcommand but kernels: --json OUT (every number; not measured = null), --threads N (torch
+intra-op threads, default 2), --warmup N (untimed calls first, default 1). backbone, posemb and scaling also take
+--repeats N and --no-memory (skip the peak memory, which on CPU spawns one process per row). The report goes to
+stdout as markdown tables, progress bars to stderr (TQDM_DISABLE=1 hides them).
 """
 import argparse
+import sys
 
 import torch
 
 from winpos.bench.timing import write_json
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=["posemb", "backbone", "scaling"], help="which benchmark")
-    parser.add_argument("--which", default="all", choices=["all", "vitdet", "hiera"], help="backbone families")
-    parser.add_argument("--size", type=int, default=1024, help="square input size in px")
-    parser.add_argument("--bf16", action="store_true", help="also time bf16 autocast")
-    parser.add_argument("--plot", default=None, help="scaling: write the plot to this PNG")
-    parser.add_argument("--json", default=None, help="write every number to this JSON file")
-    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    if args.what == "posemb":
-        from winpos.bench import posemb
+def _device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA GPU is available; use --device cpu (or auto)")
+    return name
 
-        write_json(args.json, posemb.run(repeats=args.repeats))
-    elif args.what == "backbone":
+
+def _csv(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", default=None, help="write every number to this JSON file")
+    common.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
+    common.add_argument("--warmup", type=int, default=1, help="untimed calls of each function first (default 1)")
+    memory = argparse.ArgumentParser(add_help=False)
+    memory.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure peak memory of one call per row (default on; --no-memory for a quick run)")
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,scaling,train,kernels}")
+
+    p = sub.add_parser("backbone", parents=[common, memory], help="full backbones vs their peers")
+    p.add_argument("--which", default="all", choices=["all", "vitdet", "hiera"], help="backbone families")
+    p.add_argument("--rows", type=_csv, default=None, metavar="TEXT[,TEXT]",
+                   help="only rows whose name contains one of these (case-insensitive), with their peers; e.g. "
+                        "--rows 'ViTDet-B paper' times it against detectron2's ViT-B only")
+    p.add_argument("--size", type=int, default=1024, help="square input size in px")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--bf16", action="store_true", help="also time bf16 autocast")
+    p.add_argument("--flops", action=argparse.BooleanOptionalAction, default=True, help="count fvcore GFLOPs")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="top-N ops (torch.profiler self time) of each winpos row and its peer (default 0: off)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+
+    p = sub.add_parser("posemb", parents=[common, memory], help="augmented-QK vs materialized relpos")
+    p.add_argument("--size", type=int, default=1024, help="image size in px of the ViTDet-B global block "
+                   "(tokens = size / 16 per side)")
+    p.add_argument("--repeats", type=int, default=5)
+
+    p = sub.add_parser("scaling", parents=[common, memory], help="time / memory vs input size")
+    p.add_argument("--preset", default="vitdet_b", help="a ViTDet preset (vitdet_tiny, vitdet_b, vitdet_l, ...)")
+    p.add_argument("--sizes", default="256,384,512,512x768,768", help="comma-separated H or HxW in px")
+    p.add_argument("--plot", default=None, help="write the plot to this PNG")
+    p.add_argument("--repeats", type=int, default=2)
+
+    p = sub.add_parser("train", parents=[common], help="training throughput per encoding (shapes Mask R-CNN)")
+    p.add_argument("--which", "--family", dest="family", default="hieradet", choices=["hieradet", "vitdet"])
+    p.add_argument("--encodings", type=_csv, default=None,
+                   help="comma-separated, e.g. abswin,rope (default: every configs/shapes config of the family)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per encoding (default 5)")
+    p.add_argument("--bf16", action="store_true", help="bf16 autocast, as WinposTrainer runs it")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides for every encoding, e.g. dataloader.train.total_batch_size=2")
+
+    sub.add_parser("kernels", add_help=False, help="Triton kernels vs SDPA (every argument goes to "
+                   "winpos.kernels.bench; --help shows its options)")
+    return parser
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["kernels"]:  # forwarded verbatim: the kernel benchmark has its own flags (--json, --dry-run)
+        from winpos.bench import kernels
+
+        return kernels.run(argv[1:])
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.what == "backbone":
         from winpos.bench import backbone
 
-        write_json(args.json, backbone.run(img_size=args.size, which=args.which, repeats=args.repeats, bf16=args.bf16))
+        result = backbone.run(img_size=args.size, which=args.which, repeats=args.repeats, bf16=args.bf16,
+                              flops=args.flops, memory=args.memory, profile=args.profile,
+                              device=_device(args.device), warmup=args.warmup, rows=args.rows)
+    elif args.what == "posemb":
+        from winpos.bench import posemb
+
+        if args.size % 16:
+            raise SystemExit(f"--size {args.size} is not a multiple of the patch size 16")
+        result = posemb.run(grid=args.size // 16, repeats=args.repeats, warmup=args.warmup, memory=args.memory)
     elif args.what == "scaling":
         from winpos.bench import scaling
 
-        write_json(args.json, scaling.run(repeats=args.repeats, plot_path=args.plot))
+        result = scaling.run(preset=args.preset, sizes=scaling.parse_sizes(args.sizes), repeats=args.repeats,
+                             warmup=args.warmup, memory=args.memory, plot_path=args.plot)
+    else:
+        from winpos.bench import train
+
+        result = train.run(which=args.family, encodings=args.encodings, iters=args.iters, warmup=args.warmup,
+                           bf16=args.bf16, overrides=args.opts, device=_device(args.device), seed=args.seed)
+    write_json(args.json, result)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -118,3 +118,16 @@ def test_bad_inputs():
         AbsWinPosEmbed(4, 8, 7)((0, 5))
     with pytest.raises(ValueError, match="non-finite"):
         abs_to_abswin(torch.full((1, 2, 16, 16), float("inf")), 8)
+
+
+def test_cached_embeddings_never_carry_requires_grad_into_inference():
+    """At the stored grid the plain embedding is a view of its parameter; the cached inference result must be
+    detached (a jit trace after a cached forward used to fail on a grad-requiring constant)."""
+    from winpos.posemb.abswin import AbsPosEmbed
+
+    for mod, hw in ((AbsPosEmbed(4, (6, 6)), (6, 6)), (AbsWinPosEmbed(4, 8, 7), (8, 8))):
+        with torch.no_grad():
+            out = mod(hw)
+            assert not out.requires_grad
+            traced = torch.jit.trace(lambda x: x + mod(hw), torch.zeros(1, *hw, 4), check_trace=False)
+        torch.testing.assert_close(traced(torch.zeros(1, *hw, 4)), out)

@@ -1,79 +1,22 @@
 """``benchmark.py backbone``: winpos backbones vs the implementations people use today, side by side.
 
-Peers: detectron2's ``ViT`` (relpos in every block, as shipped, and without relpos), sam2's Hiera-B+, timm's Hiera
-and segment-anything's image encoder. All models get the same random weights where they share a structure
-(winpos ``original`` is loaded from the detectron2 model and its output compared), batch 1, fp32 or bf16 autocast.
+Peers (``winpos.bench.peers``): detectron2's ``ViT`` (relpos in every block, as shipped, and without relpos),
+segment-anything's ViT-B image encoder (its trunk: the neck is left out, as the detector's own pyramid replaces
+it), sam2's Hiera-B+ and timm's HieraDet-B+ (``sam2_hiera_base_plus``). Batch 1, forward only, fp32 (and bf16
+autocast with ``bf16``). winpos ``original`` rows are loaded from a peer's weights and their outputs compared.
+
+Per row: median seconds after warm-up (all rows called round-robin), speedup over its peer, fvcore GFLOPs and
+the fraction of the measured matmul throughput they reach, peak memory of one forward (RSS growth in a spawned
+process on CPU, max allocated on CUDA), and with ``profile`` the top ops of each winpos row next to its peer's.
 """
 from __future__ import annotations
 
-from functools import partial
-
 import torch
-import torch.nn as nn
 
 from winpos.bench.flops import count_gflops, matmul_gflops_per_s
-from winpos.bench.timing import interleaved_medians, print_table
-
-
-def detectron2_vit_b(img_size=1024, use_rel_pos=True):
-    from detectron2.modeling.backbone.vit import ViT
-
-    return ViT(img_size=img_size, patch_size=16, embed_dim=768, depth=12, num_heads=12, drop_path_rate=0.0,
-               window_size=14, mlp_ratio=4, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-               window_block_indexes=[0, 1, 3, 4, 6, 7, 9, 10], residual_block_indexes=[], use_rel_pos=use_rel_pos,
-               out_feature="last_feat")
-
-
-def sam2_hiera_bplus():
-    from sam2.modeling.backbones.hieradet import Hiera
-
-    return Hiera(embed_dim=112, num_heads=2)
-
-
-def sam_vit_b_encoder(img_size=1024):
-    from segment_anything.modeling.image_encoder import ImageEncoderViT
-
-    return ImageEncoderViT(img_size=img_size, patch_size=16, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4,
-                           out_chans=256, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-                           use_rel_pos=True, rel_pos_zero_init=True, window_size=14, global_attn_indexes=(2, 5, 8, 11))
-
-
-def _randomize(model: nn.Module, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=g) * 0.02
-            p.copy_(noise + 1.0 if (p.dim() == 1 and "norm" in name and name.endswith("weight")) else noise)
-    return model.eval()
-
-
-def build_models(img_size: int, which: str) -> dict[str, nn.Module]:
-    from winpos.backbones import create
-    from winpos.checkpoints.vitdet import load_vitdet_weights
-
-    models: dict[str, nn.Module] = {}
-    if which in ("all", "vitdet"):
-        d2 = _randomize(detectron2_vit_b(img_size))
-        models["detectron2 ViT-B (relpos everywhere)"] = d2
-        models["detectron2 ViT-B (no relpos)"] = _randomize(detectron2_vit_b(img_size, use_rel_pos=False))
-        original = create("vitdet_b", recipe="original", img_size=img_size, drop_path_rate=0.0).eval()
-        load_vitdet_weights(original, d2.state_dict(), source="detectron2")
-        models["winpos ViTDet-B original"] = original
-        for recipe in ("paper", "rope", "lookhere"):
-            models[f"winpos ViTDet-B {recipe}"] = create("vitdet_b", recipe=recipe, img_size=img_size,
-                                                         drop_path_rate=0.0).eval()
-        models["winpos ViTDet-B abswin, no block term"] = create(
-            "vitdet_b", recipe="paper", img_size=img_size, drop_path_rate=0.0, global_pos="none").eval()
-    if which in ("all", "hiera"):
-        sam2 = _randomize(sam2_hiera_bplus())
-        models["sam2 Hiera-B+"] = sam2
-        mine = create("hieradet_bplus", recipe="original", img_size=img_size).eval()
-        from winpos.checkpoints.hiera import load_hiera_checkpoint
-
-        load_hiera_checkpoint(mine, {"model": {"image_encoder.trunk." + k: v for k, v in sam2.state_dict().items()}})
-        models["winpos HieraDet-B+ original"] = mine
-        models["winpos HieraDet-B+ paper"] = create("hieradet_bplus", recipe="paper", img_size=img_size).eval()
-    return models
+from winpos.bench.peers import REFERENCE, ROWS, build_model, rows_for
+from winpos.bench.profile import side_by_side, top_ops
+from winpos.bench.timing import cuda_peak_mib, interleaved_medians, peak_rss_mib, print_table, progress
 
 
 def _output(model, x):
@@ -85,52 +28,121 @@ def _output(model, x):
     return out
 
 
-def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True) -> dict:
+def _input(img_size, device="cpu"):
+    return torch.randn(1, 3, img_size, img_size, generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _forward_fn(model, x, bf16=False):
+    """One forward of ``model(x)`` without grad (under bf16 autocast if asked), finished when it returns."""
+    device_type = x.device.type
+
+    def run():
+        with torch.no_grad(), torch.autocast(device_type, dtype=torch.bfloat16, enabled=bf16):
+            out = _output(model, x)
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        return out
+
+    return run
+
+
+def forward_closure(name: str, img_size: int):
+    """Module-level builder for ``peak_rss_mib``: the CPU forward of row ``name``, model built in the child."""
+    return _forward_fn(build_model(name, img_size), _input(img_size))
+
+
+def _max_rel(a, b) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max())
+
+
+def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=True, profile=0, device="cpu",
+        warmup=1, rows=None) -> dict:
+    """Time every row of ``which`` (``"all"``, ``"vitdet"``, ``"hiera"``) at ``img_size``; print the tables and
+    return every number. ``profile``: show the top-``profile`` ops of each winpos row and its peer (0: off).
+    ``rows``: only the rows whose name contains one of these strings, with their peers (``peers.rows_for``)."""
+    cuda = torch.device(device).type == "cuda"
     torch.manual_seed(0)
-    x = torch.randn(1, 3, img_size, img_size)
-    models = build_models(img_size, which)
-    results = {"img_size": img_size, "threads": torch.get_num_threads(), "repeats": repeats, "rows": []}
-    with torch.no_grad():
-        checks = {}
-        if "winpos ViTDet-B original" in models:
-            a = _output(models["winpos ViTDet-B original"], x)
-            b = _output(models["detectron2 ViT-B (relpos everywhere)"], x)
-            checks["vitdet_original_vs_detectron2_max_rel"] = float((a - b).abs().max() / b.abs().max())
-        if "winpos HieraDet-B+ original" in models:
-            a = _output(models["winpos HieraDet-B+ original"], x)
-            b = _output(models["sam2 Hiera-B+"], x)
-            checks["hieradet_original_vs_sam2_max_rel"] = float((a - b).abs().max() / b.abs().max())
-        results["output_checks"] = checks
-        fns = {name: partial(_output, m, x) for name, m in models.items()}
-        times = interleaved_medians(fns, repeats=repeats, warmup=1)
-        if bf16:
-            def bf16_call(m):
-                with torch.autocast("cpu", dtype=torch.bfloat16):
-                    return _output(m, x)
-            bf_names = [n for n in models if n.startswith("winpos")]
-            bf_times = interleaved_medians({n: partial(bf16_call, models[n]) for n in bf_names}, repeats=repeats, warmup=1)
-            for n in bf_names:
-                ref, low = _output(models[n], x), bf16_call(models[n]).float()
-                results.setdefault("bf16", {})[n] = {
-                    "median_s": bf_times[n], "speedup_vs_fp32": times[n] / bf_times[n],
-                    "max_rel_err": float((ref - low).abs().max() / ref.abs().max()),
-                }
-    peak = matmul_gflops_per_s()
+    names = rows_for(which, rows)
+    built: dict = {}
+    bar = progress(len(names), "building models")
+    for name in names:
+        build_model(name, img_size, built)
+        bar.update()
+    bar.close()
+    models = {name: built[name].to(device) for name in names}
+    x = _input(img_size, device)
+    fns = {name: _forward_fn(m, x) for name, m in models.items()}
+    mem_key = "peak_cuda_alloc_mib" if cuda else "peak_rss_mib"
+    results = {"img_size": img_size, "device": str(device), "threads": torch.get_num_threads(), "repeats": repeats,
+               "warmup": warmup, "rows_filter": list(rows or []), "memory_column": mem_key if memory else None,
+               "rows": []}
+
+    checks = [{"model": n, "source": ROWS[n].source, "max_rel_err": _max_rel(fns[n](), fns[ROWS[n].source]())}
+              for n in names if ROWS[n].source in models]
+    results["output_checks"] = checks
+    times = interleaved_medians(fns, repeats=repeats, warmup=warmup, desc="timing fp32")
+
+    mem = {}
+    if memory:
+        bar = progress(len(names), "peak memory")
+        for name in names:
+            mem[name] = cuda_peak_mib(fns[name]) if cuda else peak_rss_mib(forward_closure, name, img_size)
+            bar.update()
+        bar.close()
+    peak = matmul_gflops_per_s(device=device)
     results["matmul_gflops_per_s"] = peak
-    base = {"vitdet": times.get("detectron2 ViT-B (relpos everywhere)"), "hiera": times.get("sam2 Hiera-B+")}
-    for name, t in times.items():
-        family = "hiera" if "Hiera" in name else "vitdet"
-        gf = count_gflops(models[name], x) if flops else float("nan")
+    for name in names:
+        peer = ROWS[name].peer
+        # Traced with grad enabled: under no_grad winpos' abs embeddings return a cached grid, which the tracer
+        # would have to freeze into the graph.
+        gf = count_gflops(models[name], x) if flops else None
         results["rows"].append({
-            "model": name, "median_s": t, "speedup_vs_peer": base[family] / t if base[family] else float("nan"),
-            "gflops": gf, "fraction_of_matmul_peak": gf / t / peak if flops else float("nan"),
+            "model": name, "peer": peer, "median_s": times[name],
+            "speedup_vs_peer": times[peer] / times[name] if peer in times else None,
+            "gflops": gf, "fraction_of_matmul_peak": gf / times[name] / peak if gf is not None else None,
+            mem_key: mem.get(name),
         })
-    print(f"backbone forward, {img_size}x{img_size}, batch 1, fp32, {results['threads']} threads, median of {repeats}; "
-          f"matmul peak {peak:.1f} GFLOP/s")
-    print("output checks:", {k: f"{v:.2e}" for k, v in checks.items()})
-    print_table("backbones (peer = detectron2 ViT-B for ViTDet rows, sam2 Hiera-B+ for Hiera rows)", results["rows"],
-                ["model", "median_s", "speedup_vs_peer", "gflops", "fraction_of_matmul_peak"])
+
     if bf16:
-        rows = [{"model": n, **v} for n, v in results["bf16"].items()]
-        print_table("bf16 autocast vs fp32", rows, ["model", "median_s", "speedup_vs_fp32", "max_rel_err"])
+        bf_fns = {name: _forward_fn(m, x, bf16=True) for name, m in models.items()}
+        bf_times = interleaved_medians(bf_fns, repeats=repeats, warmup=warmup, desc="timing bf16")
+        results["bf16"] = [{
+            "model": name, "median_s": bf_times[name], "speedup_vs_fp32": times[name] / bf_times[name],
+            "speedup_vs_peer": bf_times[ROWS[name].peer] / bf_times[name] if ROWS[name].peer in bf_times else None,
+            "max_rel_err_vs_fp32": _max_rel(bf_fns[name](), fns[name]()),
+        } for name in names]
+
+    if profile:
+        mine = [n for n in names if n.startswith("winpos")]
+        profiled = list(dict.fromkeys(mine + [ROWS[n].peer for n in mine if ROWS[n].peer in fns]))
+        results["profile"] = {n: top_ops(fns[n], top=profile, cuda=cuda) for n in profiled}
+
+    _report(results, names, bf16, profile)
     return results
+
+
+def _report(results, names, bf16, profile):
+    mem_key = results["memory_column"]
+    print(f"backbone forward, {results['img_size']}x{results['img_size']}, batch 1, fp32, {results['device']}, "
+          f"{results['threads']} threads, median of {results['repeats']} after {results['warmup']} warm-up; "
+          f"matmul peak {results['matmul_gflops_per_s']:.1f} GFLOP/s")
+    if results["output_checks"]:
+        print_table("output checks (a model loaded from its source's weights; max |a - b| / max |b|)",
+                    results["output_checks"], ["model", "source", "max_rel_err"])
+    refs = "; ".join(f"{fam} reference: {ref}" for fam, ref in REFERENCE.items() if ref in names)
+    print_table(f"backbones (speedup = peer time / this row's time{'; ' + refs if refs else ''})", results["rows"],
+                ["model", "peer", "median_s", "speedup_vs_peer", "gflops", "fraction_of_matmul_peak"]
+                + ([mem_key] if mem_key else []))
+    if bf16:
+        print_table("bf16 autocast", results["bf16"],
+                    ["model", "median_s", "speedup_vs_fp32", "speedup_vs_peer", "max_rel_err_vs_fp32"])
+    if profile:
+        prof = results["profile"]
+        for name in [n for n in names if n.startswith("winpos")]:
+            peer = ROWS[name].peer
+            if peer not in prof:
+                continue
+            clock = prof[name]["clock"]
+            print_table(f"profile, {clock} self time, top {profile} ops: {name} ({prof[name]['total_ms']:.1f} ms) "
+                        f"vs {peer} ({prof[peer]['total_ms']:.1f} ms)",
+                        side_by_side(prof[name], prof[peer]), ["op", "ms", "share", "peer_ms", "peer_share"])

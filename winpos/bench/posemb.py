@@ -30,8 +30,11 @@ def _call(method, grid, heads, head_dim, backward):
     return run
 
 
-def run(grid=64, heads=12, head_dim=64, repeats=5) -> dict:
-    results = {"shape": {"grid": grid, "heads": heads, "head_dim": head_dim}, "threads": torch.get_num_threads()}
+def run(grid=64, heads=12, head_dim=64, repeats=5, warmup=1, memory=True) -> dict:
+    """Time both methods at a ``grid x grid`` token grid (forward, then forward+backward); ``memory``: also their
+    peak RSS growth, each in a spawned process."""
+    results = {"shape": {"grid": grid, "heads": heads, "head_dim": head_dim}, "threads": torch.get_num_threads(),
+               "repeats": repeats, "warmup": warmup}
     with torch.no_grad():
         q, k, v, pos = _inputs(grid, heads, head_dim, False)
         a = reference_attention(q, k, v, pos=pos)
@@ -41,19 +44,17 @@ def run(grid=64, heads=12, head_dim=64, repeats=5) -> dict:
     for backward in (False, True):
         mode = "fwd+bwd" if backward else "fwd"
         fns = {m: _call(m, grid, heads, head_dim, backward) for m in METHODS}
-        if backward:
-            t = interleaved_medians(fns, repeats=repeats, warmup=1)
-        else:
-            with torch.no_grad():
-                t = interleaved_medians(fns, repeats=repeats, warmup=1)
-        mem = {m: peak_rss_mib(_call, m, grid, heads, head_dim, backward) for m in METHODS}
+        with torch.set_grad_enabled(backward):
+            t = interleaved_medians(fns, repeats=repeats, warmup=warmup, desc=f"timing {mode}")
+        mem = {m: peak_rss_mib(_call, m, grid, heads, head_dim, backward) if memory else None for m in METHODS}
         for m in METHODS:
             rows.append({"mode": mode, "method": m, "median_ms": t[m] * 1e3, "peak_rss_mib": mem[m],
                          "speedup_vs_materialized": t["materialized"] / t[m],
-                         "memory_ratio": mem["materialized"] / max(mem[m], 1e-3)})
+                         "memory_ratio": mem["materialized"] / max(mem[m], 1e-3) if memory else None})
     results["rows"] = rows
-    print(f"relpos, one global block: {grid}x{grid} tokens, {heads} heads x {head_dim}, "
-          f"{results['threads']} threads, fp32; max |augmented - materialized| = {results['max_abs_diff']:.2e}")
+    print(f"relpos, one global block: {grid}x{grid} tokens, {heads} heads x {head_dim}, {results['threads']} threads, "
+          f"fp32, median of {repeats} after {warmup} warm-up; max |augmented - materialized| = "
+          f"{results['max_abs_diff']:.2e}")
     print_table("augmented-QK vs materialized relpos", rows,
                 ["mode", "method", "median_ms", "peak_rss_mib", "speedup_vs_materialized", "memory_ratio"])
     return results

@@ -3,7 +3,6 @@ growth exponent (time ~ tokens^k); window-only models should give k near 1, glob
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import torch
 
@@ -42,14 +41,35 @@ def fit_exponent(tokens, seconds) -> float:
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
-def run(preset="vitdet_b", sizes=((256, 256), (384, 384), (512, 512), (512, 768), (768, 768)), repeats=2,
-        memory=True, plot_path=None) -> dict:
-    rows, results = [], {"preset": preset, "threads": torch.get_num_threads(), "variants": {}}
+DEFAULT_SIZES = ((256, 256), (384, 384), (512, 512), (512, 768), (768, 768))
+
+
+def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
+    """``"256,512x768"`` -> ``((256, 256), (512, 768))`` (``H`` or ``HxW`` in pixels)."""
+    sizes = []
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        try:
+            hw = tuple(int(v) for v in item.lower().split("x"))
+        except ValueError:
+            hw = ()
+        if len(hw) not in (1, 2) or min(hw) <= 0:
+            raise ValueError(f"size {item!r} in {text!r}: write sizes as H or HxW in pixels, e.g. 256,512x768")
+        sizes.append(hw * 2 if len(hw) == 1 else hw)
+    if len(sizes) < 2:
+        raise ValueError(f"sizes {text!r}: the growth exponent needs at least two sizes")
+    return tuple(sizes)
+
+
+def run(preset="vitdet_b", sizes=DEFAULT_SIZES, repeats=2, warmup=1, memory=True, plot_path=None) -> dict:
+    """Time every variant of ``preset`` (a ViTDet preset) at each size; returns the numbers (memory: peak RSS
+    growth of one forward, in a spawned process) and the fitted exponents."""
+    rows, results = [], {"preset": preset, "threads": torch.get_num_threads(), "repeats": repeats, "warmup": warmup,
+                         "variants": {}}
     for size in sizes:
         fns = {v: _forward(preset, v, size) for v in VARIANTS}
-        times = interleaved_medians(fns, repeats=repeats, warmup=1)
+        times = interleaved_medians(fns, repeats=repeats, warmup=warmup, desc=f"timing {size[0]}x{size[1]}")
         for v, t in times.items():
-            mem = peak_rss_mib(_forward, preset, v, size) if memory else float("nan")
+            mem = peak_rss_mib(_forward, preset, v, size) if memory else None
             tokens = (size[0] // 16) * (size[1] // 16)
             rows.append({"variant": v, "size": f"{size[0]}x{size[1]}", "tokens": tokens, "median_s": t,
                          "peak_rss_mib": mem})
@@ -57,7 +77,8 @@ def run(preset="vitdet_b", sizes=((256, 256), (384, 384), (512, 512), (512, 768)
                                                           "peak_rss_mib": mem})
     for v, pts in results["variants"].items():
         results.setdefault("exponent", {})[v] = fit_exponent([p["tokens"] for p in pts], [p["seconds"] for p in pts])
-    print(f"scaling of {preset} forward, batch 1, fp32, {results['threads']} threads")
+    print(f"scaling of {preset} forward, batch 1, fp32, {results['threads']} threads, median of {repeats} after "
+          f"{warmup} warm-up")
     print_table("time and memory vs input size", rows, ["variant", "size", "tokens", "median_s", "peak_rss_mib"])
     print_table("fitted growth exponent (time ~ tokens^k)",
                 [{"variant": v, "k": k} for v, k in results["exponent"].items()], ["variant", "k"])
@@ -77,7 +98,8 @@ def plot(results, path) -> None:
         toks = [p["tokens"] for p in pts]
         label = f"{v} (k={results['exponent'][v]:.2f})"
         axes[0].loglog(toks, [p["seconds"] for p in pts], marker="o", label=label)
-        axes[1].loglog(toks, [p["peak_rss_mib"] for p in pts], marker="o", label=v)
+        if all(p["peak_rss_mib"] is not None for p in pts):  # memory is optional
+            axes[1].loglog(toks, [p["peak_rss_mib"] for p in pts], marker="o", label=v)
     axes[0].set(xlabel="tokens (image px / 16)^2", ylabel="forward time (s)",
                 title=f"{results['preset']} forward time vs tokens ({results['threads']} CPU threads)")
     axes[1].set(xlabel="tokens", ylabel="peak RSS growth (MiB)", title="peak memory of one forward")

@@ -120,6 +120,9 @@ class AbsWinPosEmbed(nn.Module):
             grid = abswin_recursive(self.global_embed, self.window_embed, hw, self.base_hw, self.antialias)
         out = grid.permute(0, 2, 3, 1)
         if cacheable:
+            # detached: at the stored grid the result can be a view of the parameter, which would otherwise carry
+            # requires_grad into inference code (and make a later jit trace treat it as a grad-requiring constant)
+            out = out.detach()
             self._cache = {key: out}  # one grid at a time: inference sweeps move on, old sizes are not reused
         return out
 
@@ -155,5 +158,6 @@ class AbsPosEmbed(nn.Module):
             return self._cache[key]
         out = interpolate_abs(self.pos_embed, hw, has_cls=self.has_cls, antialias=self.antialias, src_hw=self.pretrain_hw)
         if cacheable:
+            out = out.detach()  # see AbsWinPosEmbed.forward
             self._cache = {key: out}
         return out
