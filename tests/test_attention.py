@@ -185,3 +185,23 @@ def test_rope_on_grid_equals_rotating_each_window(kind, pairing, shared, H, W, w
     params = (q, k, v) + tuple(rope.parameters())
     for a, b in zip(_grads(out, params), _grads(ref, params)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("term", ["none", "lookhere", "relpos", "pad_mask"])
+def test_every_position_term_keeps_sdpa_on_its_fused_kernel(term):
+    """A 3-D float mask sends PyTorch's SDPA to the unfused math path (N x N per head, 2x slower at 1024 px);
+    every term must reach the fused CPU kernel (flash attention for CPU) in inference."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from winpos.posemb.lookhere import LookHere
+
+    q, k, v = _qkv(1, 8, 8, 2, 16, dtype=torch.float32, grad=False)
+    pos = {"none": PositionTerms(), "lookhere": PositionTerms(lookhere=LookHere(2)),
+           "relpos": PositionTerms(rel_pos=tuple(t.detach().float() for t in _rel_tables(8, 16))),
+           "pad_mask": PositionTerms()}[term]
+    kwargs = dict(valid_hw=(7, 6), pad_mode="mask") if term == "pad_mask" else {}
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        reference_attention(q, k, v, pos=pos, **kwargs)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops, sorted(ops)
+    assert "aten::_scaled_dot_product_attention_math" not in ops

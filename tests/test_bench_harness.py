@@ -17,7 +17,7 @@ import torch
 from winpos.bench import kernels, posemb
 from winpos.bench.peers import ROWS, build_model, rows_for
 from winpos.bench.profile import side_by_side
-from winpos.bench.scaling import fit_exponent, parse_sizes
+from winpos.bench.scaling import fit_exponent, local_exponents, parse_sizes
 from winpos.bench.timing import interleaved_medians, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,6 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_fit_exponent_recovers_power_laws():
     assert abs(fit_exponent([1, 2, 4, 8], [3, 6, 12, 24]) - 1) < 1e-9
     assert abs(fit_exponent([10, 20, 40], [1, 4, 16]) - 2) < 1e-9
+
+
+def test_local_exponents_show_where_growth_changes():
+    pts = [{"tokens": t, "seconds": s} for t, s in [(400, 4.0), (100, 1.0), (200, 2.0), (800, 16.0)]]
+    ks = local_exponents(pts)
+    assert [(a, b) for a, b, _ in ks] == [(100, 200), (200, 400), (400, 800)]
+    assert [round(k, 9) for *_, k in ks] == [1.0, 1.0, 2.0]
 
 
 def test_interleaved_medians_calls_each_function():

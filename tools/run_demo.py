@@ -26,6 +26,9 @@ def main(argv=None):
 
     setup_logger(name="winpos")
     setup_logger(name="detectron2", abbrev_name="d2").setLevel(logging.WARNING)
+    # but keep the training progress: losses, ETA, speed (detectron2's metric printer and timer hooks)
+    for name in ("detectron2.utils.events", "detectron2.engine.hooks", "detectron2.evaluation.testing"):
+        logging.getLogger(name).setLevel(logging.INFO)
     import winpos.d2  # noqa: F401  (registers backbones and the shapes dataset)
     from winpos.d2.demo import run_demo
 

@@ -187,7 +187,12 @@ def _position_inputs(q, k, pos: PositionTerms, geo: Geometry):
 
 
 def _merge_masks(bias, pad, B, dtype):
-    """Combine a (heads, Nq, Nk) float bias and a (groups, 1, Nq, Nk) bool mask into one SDPA attn_mask."""
+    """Combine a (heads, Nq, Nk) float bias and a (groups, 1, Nq, Nk) bool mask into one 4-D float SDPA attn_mask.
+
+    Always 4-D: PyTorch's fused CPU kernel takes a (1 | groups, 1 | heads, Nq, Nk) mask, but a 3-D one sends SDPA
+    to its unfused math path (2x slower, N x N memory per head)."""
+    if bias is not None and bias.dim() == 3:
+        bias = bias.unsqueeze(0)
     if pad is not None:
         pad = pad.repeat(B, 1, 1, 1) if pad.shape[0] != 1 else pad
         pad_f = torch.zeros(pad.shape, dtype=dtype, device=pad.device).masked_fill_(~pad, float("-inf"))

@@ -18,13 +18,15 @@ def _sdpa_flops(inputs, outputs):
 
 
 def count_gflops(model, x) -> float:
-    """Forward GFLOPs (fvcore convention: one multiply-add = one flop) of ``model(x)``."""
+    """Forward GFLOPs (fvcore convention: one multiply-add = one flop) of ``model(x)`` in inference, i.e. traced
+    under ``no_grad``: the path that is timed (relpos, for one, computes differently when autograd is on)."""
     from fvcore.nn import FlopCountAnalysis
 
-    analysis = FlopCountAnalysis(model, x)
-    analysis.set_op_handle("aten::scaled_dot_product_attention", _sdpa_flops)
-    analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-    return analysis.total() / 1e9
+    with torch.no_grad():
+        analysis = FlopCountAnalysis(model, x)
+        analysis.set_op_handle("aten::scaled_dot_product_attention", _sdpa_flops)
+        analysis.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        return analysis.total() / 1e9
 
 
 def matmul_gflops_per_s(n: int = 2048, dtype=torch.float32, repeats: int = 5, device="cpu") -> float:

@@ -34,6 +34,15 @@ def _forward(preset, variant, size):
     return run
 
 
+def local_exponents(points) -> list[tuple[int, int, float]]:
+    """``(tokens_a, tokens_b, k)`` for neighbouring distinct token counts: the slope of log time between them."""
+    by_tokens = {}
+    for p in sorted(points, key=lambda p: p["tokens"]):
+        by_tokens.setdefault(p["tokens"], p["seconds"])
+    toks = list(by_tokens)
+    return [(a, b, math.log(by_tokens[b] / by_tokens[a]) / math.log(b / a)) for a, b in zip(toks, toks[1:])]
+
+
 def fit_exponent(tokens, seconds) -> float:
     """Least-squares slope of log(time) against log(tokens)."""
     lx, ly = [math.log(t) for t in tokens], [math.log(s) for s in seconds]
@@ -77,11 +86,16 @@ def run(preset="vitdet_b", sizes=DEFAULT_SIZES, repeats=2, warmup=1, memory=True
                                                           "peak_rss_mib": mem})
     for v, pts in results["variants"].items():
         results.setdefault("exponent", {})[v] = fit_exponent([p["tokens"] for p in pts], [p["seconds"] for p in pts])
+        results.setdefault("local_exponent", {})[v] = local_exponents(pts)
     print(f"scaling of {preset} forward, batch 1, fp32, {results['threads']} threads, median of {repeats} after "
           f"{warmup} warm-up")
     print_table("time and memory vs input size", rows, ["variant", "size", "tokens", "median_s", "peak_rss_mib"])
     print_table("fitted growth exponent (time ~ tokens^k)",
                 [{"variant": v, "k": k} for v, k in results["exponent"].items()], ["variant", "k"])
+    local_rows = [{"variant": v, **{f"{a}->{b}": k for a, b, k in ks}} for v, ks in results["local_exponent"].items()]
+    if local_rows and len(local_rows[0]) > 1:
+        print_table("local growth exponent between neighbouring token counts (where global blocks take over)",
+                    local_rows, list(local_rows[0]))
     if plot_path:
         plot(results, plot_path)
     return results
