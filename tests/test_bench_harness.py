@@ -50,7 +50,7 @@ def test_interleaved_medians_calls_each_function():
 def test_posemb_benchmark_compares_equal_outputs():
     res = posemb.run(grid=8, heads=2, head_dim=16, repeats=1, memory=False)
     assert res["max_abs_diff"] < 1e-5
-    assert {r["method"] for r in res["rows"]} == {"augmented_qk", "materialized"}
+    assert {r["method"] for r in res["rows"]} == {"winpos", "materialized", "no relpos (floor)"}
     assert all(r["median_ms"] > 0 for r in res["rows"])
 
 
@@ -145,10 +145,10 @@ def test_backbone_cli(tmp_path):
 def test_posemb_cli(tmp_path):
     res, _ = _cli(tmp_path, "posemb", "--size", "128", "--repeats", "1", "--threads", "1", "--no-memory")
     assert res["shape"]["grid"] == 8 and res["max_abs_diff"] < 1e-5
-    assert [(r["mode"], r["method"]) for r in res["rows"]] == [
-        ("fwd", "augmented_qk"), ("fwd", "materialized"), ("fwd+bwd", "augmented_qk"), ("fwd+bwd", "materialized")]
+    methods = ("winpos", "materialized", "no relpos (floor)")
+    assert [(r["mode"], r["method"]) for r in res["rows"]] == [(m, x) for m in ("fwd", "fwd+bwd") for x in methods]
     for mode in ("fwd", "fwd+bwd"):
-        aug, mat = (r for r in res["rows"] if r["mode"] == mode)
+        aug, mat, _ = (r for r in res["rows"] if r["mode"] == mode)
         assert _positive(aug["median_ms"]) and _positive(mat["median_ms"])
         assert math.isclose(aug["speedup_vs_materialized"], mat["median_ms"] / aug["median_ms"])
     assert all(r["peak_rss_mib"] is None for r in res["rows"])  # --no-memory: not measured, stored as null

@@ -6,7 +6,7 @@
         # time, speedup over the peer, fvcore GFLOPs, fraction of measured matmul throughput, peak memory,
         # with --profile N the top-N ops (self time) of each winpos row next to its peer's
     python tools/benchmark.py posemb [--size 1024]
-        # relpos through the augmented-QK identity vs materialized, one ViTDet-B global block (fwd, fwd+bwd)
+        # winpos relpos vs materialized (and no relpos), one ViTDet-B global block (fwd, fwd+bwd)
     python tools/benchmark.py scaling [--preset vitdet_b] [--sizes 256,384,512,512x768,768] [--plot out.png]
         # time and memory vs input size per encoding, fitted growth exponent (time ~ tokens^k)
     python tools/benchmark.py train [--which hieradet|vitdet] [--encodings abswin,rope] [--iters 5] [--bf16]
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="top-N ops (torch.profiler self time) of each winpos row and its peer (default 0: off)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
-    p = sub.add_parser("posemb", parents=[common, memory], help="augmented-QK vs materialized relpos")
+    p = sub.add_parser("posemb", parents=[common, memory], help="winpos relpos vs materialized relpos")
     p.add_argument("--size", type=int, default=1024, help="image size in px of the ViTDet-B global block "
                    "(tokens = size / 16 per side)")
     p.add_argument("--repeats", type=int, default=5)
