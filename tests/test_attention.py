@@ -52,8 +52,8 @@ def test_inference_relpos_in_query_blocks_equals_materialized(monkeypatch, H, W,
     from winpos.posemb.lookhere import LookHere
 
     calls = []
-    chunked = A._relpos_chunked
-    monkeypatch.setattr(A, "_relpos_chunked", lambda *a: calls.append(a[0].shape) or chunked(*a))
+    chunked = A._blockwise
+    monkeypatch.setattr(A, "_blockwise", lambda *a: calls.append(a[0].shape) or chunked(*a))
     monkeypatch.setattr(A, "RELPOS_CHUNK_BYTES", 4096)
     Hp, Wp = (-(-H // window) * window, -(-W // window) * window) if window else (H, W)
     q, k, v = _qkv(2, Hp, Wp, 3, 8, stride, grad=False)
@@ -72,11 +72,36 @@ def test_inference_relpos_in_query_blocks_equals_materialized(monkeypatch, H, W,
 def test_relpos_takes_the_lean_backward_path_when_autograd_needs_it(monkeypatch):
     import winpos.attention as A
 
-    monkeypatch.setattr(A, "_relpos_chunked", lambda *a: pytest.fail("inference path used under autograd"))
+    monkeypatch.setattr(A, "_blockwise", lambda *a: pytest.fail("inference path used under autograd"))
     q, k, v = _qkv(1, 8, 8, 2, 8)
     rh, rw = _rel_tables(4, 8)
     out = reference_attention(q, k, v, window=4, pos=PositionTerms(rel_pos=(rh, rw)))
     assert out.requires_grad
+
+
+@pytest.mark.parametrize("with_relpos", [False, True])
+@pytest.mark.parametrize("H,W,window,stride", [(12, 16, None, 1), (16, 16, 8, 2)])
+def test_lookhere_too_large_to_cache_is_built_by_query_blocks(monkeypatch, H, W, window, stride, with_relpos):
+    """Above LOOKHERE_CACHE_BYTES the LookHere bias is never kept whole: built a block of queries at a time (with
+    relpos too), forward and backward equal the materialized specification, and nothing is cached."""
+    import winpos.attention as A
+    from winpos.posemb.lookhere import LookHere
+
+    monkeypatch.setattr(A, "LOOKHERE_CACHE_BYTES", 0)
+    monkeypatch.setattr(A, "RELPOS_CHUNK_BYTES", 4096)
+    lookhere = LookHere(3).double()
+    monkeypatch.setattr(lookhere, "bias", lambda *a: pytest.fail("the whole bias was built by the fast path"))
+    q, k, v = _qkv(2, H, W, 3, 8, stride)
+    rel = _rel_tables(window or max(H, W), 8) if with_relpos else None
+    pos = PositionTerms(rel_pos=rel, lookhere=lookhere)
+    fast = reference_attention(q, k, v, window=window, pos=pos)
+    monkeypatch.undo()
+    slow = dense_attention(q, k, v, window=window, pos=PositionTerms(rel_pos=rel, lookhere=lookhere))
+    torch.testing.assert_close(fast, slow, rtol=0, atol=1e-10)
+    inputs = (q, k, v, *(rel or ()))
+    for a, b in zip(_grads(fast, inputs), _grads(slow, inputs)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+    assert lookhere._bias_cache is not None  # only the spec (dense_attention) built and cached it
 
 
 def test_window_relpos_matches_detectron2_attention_block():

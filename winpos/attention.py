@@ -176,14 +176,26 @@ def rope_on_grid(q, k, rope, geo: "Geometry"):
     return q, k
 
 
+# LookHere's dense (heads, Nq, Nk) bias is cached per block up to this size (a 1024^2 ViTDet-B global block needs
+# 805 MB); larger grids build it a block of queries at a time, every call, and keep none of it.
+LOOKHERE_CACHE_BYTES = 1024 * 2 ** 20
+
+
 def _position_inputs(q, k, pos: PositionTerms, geo: Geometry):
-    """Return (q, k, lookhere bias or None) for grouped q, k (RoPE is applied on the grid, before grouping)."""
+    """Return (q, k, lookhere bias or None) for grouped q, k (RoPE is applied on the grid, before grouping).
+    The bias is None also when it is too large to cache; ``_blockwise`` then builds it by query blocks."""
     bias = None
     if pos.lookhere is not None:
-        bias = pos.lookhere.bias(geo.q_window, geo.k_window)
-        if bias.shape[0] != q.shape[1]:
-            raise ValueError(f"LookHere was built for {bias.shape[0]} heads but attention has {q.shape[1]}")
+        heads = getattr(pos.lookhere, "num_heads", q.shape[1])
+        if heads != q.shape[1]:
+            raise ValueError(f"LookHere was built for {heads} heads but attention has {q.shape[1]}")
+        if not _lookhere_by_blocks(pos, geo):
+            bias = pos.lookhere.bias(geo.q_window, geo.k_window)
     return q, k, bias
+
+
+def _lookhere_by_blocks(pos: PositionTerms, geo: Geometry) -> bool:
+    return pos.lookhere is not None and pos.lookhere.dense_bytes(geo.q_window, geo.k_window) > LOOKHERE_CACHE_BYTES
 
 
 def _merge_masks(bias, pad, B, dtype):
@@ -219,12 +231,12 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
     qg, kg, vg, geo, bias, pad, scale = _prepare(q, k, v, window, pos, valid_hw, pad_mode, scale)
     B, q_hw = q.shape[0], tuple(q.shape[1:3])
     mask = _merge_masks(bias, pad, B, qg.dtype)
-    if pos.rel_pos is not None:
-        rel_h, rel_w = rel_terms(qg, *pos.rel_pos, geo.q_window, geo.k_window)
-        if _lean_backward(qg, kg, vg, *pos.rel_pos):
-            out = _relpos_augmented(qg, kg, vg, rel_h, rel_w, geo, mask, scale)
-        else:
-            out = _relpos_chunked(qg, kg, vg, rel_h, rel_w, mask, scale)
+    lookhere_rows = pos.lookhere if _lookhere_by_blocks(pos, geo) else None
+    rel = rel_terms(qg, *pos.rel_pos, geo.q_window, geo.k_window) if pos.rel_pos is not None else None
+    if rel is not None and lookhere_rows is None and _lean_backward(qg, kg, vg, *pos.rel_pos):
+        out = _relpos_augmented(qg, kg, vg, *rel, geo, mask, scale)
+    elif rel is not None or lookhere_rows is not None:
+        out = _blockwise(qg, kg, vg, rel, lookhere_rows, geo, mask, scale)
     else:
         out = _sdpa(qg, kg, vg, mask, scale)
     return _from_groups(out, geo, q_hw)
@@ -255,19 +267,25 @@ def _relpos_augmented(qg, kg, vg, rel_h, rel_w, geo, mask, scale):
     return _sdpa(torch.cat([qg * scale, rel_h, rel_w], dim=-1), torch.cat([kg, codes], dim=-1), vg, mask, 1.0)
 
 
-def _relpos_chunked(qg, kg, vg, rel_h, rel_w, mask, scale):
-    """Inference path: the decomposed bias, built for a block of queries at a time (at most RELPOS_CHUNK_BYTES),
-    goes to SDPA as its float mask, so q.k and p.v keep their plain head dim (faster than the augmented product,
-    whose q.k and p.v are up to 3x wider for global blocks)."""
-    groups, heads, n_q, _ = qg.shape
-    kh, kw = rel_h.shape[-1], rel_w.shape[-1]
-    row_bytes = groups * heads * kh * kw * qg.element_size()
+def _blockwise(qg, kg, vg, rel, lookhere, geo, mask, scale):
+    """Inference path (and LookHere on grids too large to cache): the decomposed relpos bias and/or LookHere's bias,
+    built for a block of queries at a time (at most RELPOS_CHUNK_BYTES), go to SDPA as its float mask, so q.k and
+    p.v keep their plain head dim (faster than the augmented product, whose q.k and p.v are up to 3x wider for
+    global blocks) and no (Nq, Nk) tensor outlives its block."""
+    groups, heads, n_q, n_k = *qg.shape[:3], kg.shape[2]
+    row_bytes = groups * heads * n_k * qg.element_size()
     step = max(1, min(n_q, RELPOS_CHUNK_BYTES // row_bytes))
     outs = []
     for s in range(0, n_q, step):
-        block = (rel_h[:, :, s:s + step, :, None] + rel_w[:, :, s:s + step, None, :]).flatten(-2)
+        block = None
+        if rel is not None:
+            rel_h, rel_w = rel
+            block = (rel_h[:, :, s:s + step, :, None] + rel_w[:, :, s:s + step, None, :]).flatten(-2)
+        if lookhere is not None:
+            lh = lookhere.bias_rows(geo.q_window, geo.k_window, s, s + step).to(qg.dtype)[None]
+            block = lh if block is None else block + lh
         if mask is not None:
-            block = block + mask[..., s:s + step, :]
+            block = mask[..., s:s + step, :] if block is None else block + mask[..., s:s + step, :]
         outs.append(F.scaled_dot_product_attention(qg[:, :, s:s + step], kg, vg, attn_mask=block, scale=scale))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
 
@@ -277,6 +295,8 @@ def dense_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="
     pos = pos or PositionTerms()
     qg, kg, vg, geo, bias, pad, scale = _prepare(q, k, v, window, pos, valid_hw, pad_mode, scale)
     B, q_hw = q.shape[0], tuple(q.shape[1:3])
+    if bias is None and pos.lookhere is not None:  # the spec materializes whatever the fast path builds by blocks
+        bias = pos.lookhere.bias(geo.q_window, geo.k_window)
     logits = (qg * scale) @ kg.transpose(-1, -2)
     if pos.rel_pos is not None:
         logits = logits + rel_bias_dense(qg, *pos.rel_pos, geo.q_window, geo.k_window)

@@ -337,6 +337,17 @@ class LookHere(nn.Module):
         self.global_slope = float(global_slope)
         self._bias_cache = None
 
+    def dense_bytes(self, q_hw, k_hw) -> int:
+        """Bytes of the dense fp32 bias for these grids (what ``bias`` would build and cache)."""
+        (qh, qw), (kh, kw) = _check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw)
+        return self.num_heads * qh * qw * kh * kw * 4
+
+    def bias_rows(self, q_hw, k_hw, start: int, stop: int) -> Tensor:
+        """Rows ``start:stop`` (queries, row-major) of the dense bias, ``(H, stop - start, Hk*Wk)``; not cached.
+        For grids whose dense bias is too large to keep (see ``winpos.attention.LOOKHERE_CACHE_BYTES``)."""
+        q, k = grid_coords(_check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw), device=self.slopes.device)
+        return lookhere_bias(self.fov, self.slopes.float(), q[start:stop], k)
+
     def bias(self, q_hw, k_hw) -> Tensor:
         """Dense fp32 bias ``(H, Hq*Wq, Hk*Wk)`` for row-major grids (see ``grid_coords`` for pooling).
 
