@@ -231,7 +231,7 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
     qg, kg, vg, geo, bias, pad, scale = _prepare(q, k, v, window, pos, valid_hw, pad_mode, scale)
     B, q_hw = q.shape[0], tuple(q.shape[1:3])
     mask = _merge_masks(bias, pad, B, qg.dtype)
-    lookhere_rows = pos.lookhere if _lookhere_by_blocks(pos, geo) else None
+    lookhere_rows = pos.lookhere if pos.lookhere is not None and bias is None else None  # too large to cache
     rel = rel_terms(qg, *pos.rel_pos, geo.q_window, geo.k_window) if pos.rel_pos is not None else None
     if rel is not None and lookhere_rows is None and _lean_backward(qg, kg, vg, *pos.rel_pos):
         out = _relpos_augmented(qg, kg, vg, *rel, geo, mask, scale)

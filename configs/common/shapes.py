@@ -53,3 +53,21 @@ def shrink_heads(model, channels=64):
     heads.mask_head.input_shape = ShapeSpec(channels=channels, width=14, height=14)
     heads.mask_head.conv_dims = [channels, channels]
     return model
+
+
+def _tiny(model, net, preset, recipe, geometry, overrides):
+    net.net, net.recipe, net.img_size, net.drop_path_rate = preset, recipe, IMAGE_SIZE, 0.0
+    for key, value in {**geometry, **overrides}.items():
+        setattr(net, key, value)
+    return shrink_heads(model)
+
+
+def tiny_hieradet(model, recipe, **overrides):
+    """The shapes-sized HieraDet detector: ``hieradet_tiny`` at 256 px, windows (8, 4, 8, 4), no drop path, small
+    heads (``shrink_heads``); ``overrides`` set further backbone fields (position encodings)."""
+    return _tiny(model, model.backbone.bottom_up, "hieradet_tiny", recipe, {"window_spec": (8, 4, 8, 4)}, overrides)
+
+
+def tiny_vitdet(model, recipe, **overrides):
+    """The shapes-sized ViTDet detector: ``vitdet_tiny`` at 256 px, 8-token windows, no drop path, small heads."""
+    return _tiny(model, model.backbone.net, "vitdet_tiny", recipe, {"window_size": 8}, overrides)

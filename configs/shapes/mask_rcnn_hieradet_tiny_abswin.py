@@ -1,12 +1,7 @@
 # Tiny HieraDet + FPN Mask R-CNN on the shapes dataset (CPU, minutes).
 # Position encoding: SAM2's abs-win, no block terms.
 from ..common.models.mask_rcnn_hieradet import model
-from ..common.shapes import dataloader, lr_multiplier, optimizer, shrink_heads, train
+from ..common.shapes import dataloader, lr_multiplier, optimizer, train, tiny_hieradet
 
-model.backbone.bottom_up.net = "hieradet_tiny"
-model.backbone.bottom_up.recipe = "original"
-model.backbone.bottom_up.img_size = 256
-model.backbone.bottom_up.drop_path_rate = 0.0
-model.backbone.bottom_up.window_spec = (8, 4, 8, 4)
-model = shrink_heads(model)
+model = tiny_hieradet(model, "original")
 train.output_dir = "./output/shapes/mask_rcnn_hieradet_tiny_abswin"

@@ -1,15 +1,7 @@
 # Tiny HieraDet + FPN Mask R-CNN on the shapes dataset (CPU, minutes).
 # Position encoding: abs embedding + decomposed relpos in every block (MViTv2 style).
 from ..common.models.mask_rcnn_hieradet import model
-from ..common.shapes import dataloader, lr_multiplier, optimizer, shrink_heads, train
+from ..common.shapes import dataloader, lr_multiplier, optimizer, train, tiny_hieradet
 
-model.backbone.bottom_up.net = "hieradet_tiny"
-model.backbone.bottom_up.recipe = "original"
-model.backbone.bottom_up.img_size = 256
-model.backbone.bottom_up.drop_path_rate = 0.0
-model.backbone.bottom_up.window_spec = (8, 4, 8, 4)
-model.backbone.bottom_up.pos_embed = "abs"
-model.backbone.bottom_up.window_pos = "relpos"
-model.backbone.bottom_up.global_pos = "relpos"
-model = shrink_heads(model)
+model = tiny_hieradet(model, "original", pos_embed="abs", window_pos="relpos", global_pos="relpos")
 train.output_dir = "./output/shapes/mask_rcnn_hieradet_tiny_relpos"

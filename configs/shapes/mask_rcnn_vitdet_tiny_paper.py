@@ -1,12 +1,7 @@
 # Tiny ViTDet + SimpleFeaturePyramid Mask R-CNN on the shapes dataset (CPU, minutes).
 # Position encoding: abs-win + relpos in global blocks only (Bolya et al.).
 from ..common.models.mask_rcnn_vitdet import model
-from ..common.shapes import dataloader, lr_multiplier, optimizer, shrink_heads, train
+from ..common.shapes import dataloader, lr_multiplier, optimizer, train, tiny_vitdet
 
-model.backbone.net.net = "vitdet_tiny"
-model.backbone.net.recipe = "paper"
-model.backbone.net.img_size = 256
-model.backbone.net.drop_path_rate = 0.0
-model.backbone.net.window_size = 8
-model = shrink_heads(model)
+model = tiny_vitdet(model, "paper")
 train.output_dir = "./output/shapes/mask_rcnn_vitdet_tiny_paper"
