@@ -230,3 +230,26 @@ def test_every_position_term_keeps_sdpa_on_its_fused_kernel(term):
     ops = {e.key for e in prof.key_averages()}
     assert "aten::_scaled_dot_product_flash_attention_for_cpu" in ops, sorted(ops)
     assert "aten::_scaled_dot_product_attention_math" not in ops
+
+
+def test_inference_mask_buffer_is_reused_across_calls_and_never_leaks_stale_rows(monkeypatch):
+    """CPU inference writes each relpos/LookHere mask block into one reused per-thread buffer: a second call with
+    other inputs and another grid still equals the specification, the buffer is the same memory, and
+    ``release_workspace`` frees it."""
+    import winpos.attention as A
+
+    monkeypatch.setattr(A, "RELPOS_CHUNK_BYTES", 8192)
+    A.release_workspace()
+    pointers = []
+    for seed, (H, W) in [(0, (12, 16)), (1, (12, 16)), (2, (8, 8))]:
+        torch.manual_seed(seed)
+        q, k, v = _qkv(2, H, W, 3, 8, grad=False)
+        rh, rw = (t.detach() for t in _rel_tables(max(H, W), 8))
+        pos = PositionTerms(rel_pos=(rh, rw))
+        with torch.no_grad():
+            fast = reference_attention(q, k, v, pos=pos)
+        torch.testing.assert_close(fast, dense_attention(q, k, v, pos=pos), rtol=0, atol=1e-10)
+        pointers.append(A._WORKSPACE.buffers[torch.float64].data_ptr())
+    assert pointers[0] == pointers[1] == pointers[2]
+    A.release_workspace()
+    assert not hasattr(A._WORKSPACE, "buffers")

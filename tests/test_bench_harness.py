@@ -184,3 +184,10 @@ def test_kernels_cli_without_gpu_runs_the_dry_run(tmp_path):
     assert kernels.GPU_NEEDED in stdout
     assert res["interpreter"] is True and res["rows"] and not res["errors"]
     assert {r["impl"] for r in res["rows"]} == {"sdpa"} and all(_positive(r["fwd_ms"]) for r in res["rows"])
+
+
+def test_cli_refuses_zero_repeats_with_a_clear_message():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), "backbone", "--repeats", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--repeats: must be at least 1" in proc.stderr

@@ -39,6 +39,13 @@ def _csv(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (a median needs one timed call), got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", default=None, help="write every number to this JSON file")
@@ -57,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only rows whose name contains one of these (case-insensitive), with their peers; e.g. "
                         "--rows 'ViTDet-B paper' times it against detectron2's ViT-B only")
     p.add_argument("--size", type=int, default=1024, help="square input size in px")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=_positive, default=5)
     p.add_argument("--bf16", action="store_true", help="also time bf16 autocast")
     p.add_argument("--flops", action=argparse.BooleanOptionalAction, default=True, help="count fvcore GFLOPs")
     p.add_argument("--profile", type=int, default=0, metavar="N",
@@ -67,19 +74,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("posemb", parents=[common, memory], help="winpos relpos vs materialized relpos")
     p.add_argument("--size", type=int, default=1024, help="image size in px of the ViTDet-B global block "
                    "(tokens = size / 16 per side)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=_positive, default=5)
 
     p = sub.add_parser("scaling", parents=[common, memory], help="time / memory vs input size")
     p.add_argument("--preset", default="vitdet_b", help="a ViTDet preset (vitdet_tiny, vitdet_b, vitdet_l, ...)")
     p.add_argument("--sizes", default="256,384,512,512x768,768", help="comma-separated H or HxW in px")
     p.add_argument("--plot", default=None, help="write the plot to this PNG")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=_positive, default=2)
 
     p = sub.add_parser("train", parents=[common], help="training throughput per encoding (shapes Mask R-CNN)")
     p.add_argument("--which", "--family", dest="family", default="hieradet", choices=["hieradet", "vitdet"])
     p.add_argument("--encodings", type=_csv, default=None,
                    help="comma-separated, e.g. abswin,rope (default: every configs/shapes config of the family)")
-    p.add_argument("--iters", type=int, default=5, help="timed iterations per encoding (default 5)")
+    p.add_argument("--iters", type=_positive, default=5, help="timed iterations per encoding (default 5)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast, as WinposTrainer runs it")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])

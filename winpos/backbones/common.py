@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from winpos.attention import PositionTerms, attention
 from winpos.errors import check_choice
-from winpos.windows import PAD_MODES
+from winpos.windows import PAD_MODES, window_partition, window_unpartition
 
 POS_EMBEDS = ("none", "abs", "abswin", "abswin_recursive")
 BLOCK_POS = ("none", "relpos", "rope", "lookhere")
@@ -94,6 +94,18 @@ class Attention(nn.Module):
         return PositionTerms(rope=self.rope, rel_pos=rel, lookhere=self.lookhere)
 
     def forward(self, x: torch.Tensor, valid_hw=None) -> torch.Tensor:
+        B, H, W, C = x.shape
+        ws, s = self.window_size, self.q_stride
+        if ws and (self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)):
+            # Partition x once, before the projections (as SAM2 does): every position term of a window block is
+            # window-local, so each window is a small global attention with the same terms. One copy of x and one
+            # of the output, instead of one per q, k and v and one of the output.
+            xw = window_partition(x, ws).reshape(-1, ws, ws, C)
+            out = self._attend(xw, window=None, valid_hw=None)
+            return window_unpartition(out.flatten(1, 2), ws // s, (H // s, W // s))
+        return self._attend(x, window=ws or None, valid_hw=valid_hw)
+
+    def _attend(self, x: torch.Tensor, window, valid_hw) -> torch.Tensor:
         B, H, W, _ = x.shape
         qkv = self.qkv(x).reshape(B, H, W, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(3)  # each (B, H, W, heads, head_dim)
@@ -102,8 +114,7 @@ class Attention(nn.Module):
             s = self.q_stride
             q = F.max_pool2d(q.flatten(3).permute(0, 3, 1, 2), kernel_size=s, stride=s, ceil_mode=False)
             q = q.permute(0, 2, 3, 1).reshape(B, H // s, W // s, self.num_heads, self.head_dim)
-        out = attention(q, k, v, window=self.window_size or None, pos=self.position_terms(), valid_hw=valid_hw,
-                        pad_mode=self.pad_mode)
+        out = attention(q, k, v, window=window, pos=self.position_terms(), valid_hw=valid_hw, pad_mode=self.pad_mode)
         return self.proj(out.flatten(-2))
 
 

@@ -1,0 +1,29 @@
+"""The shared ``Attention`` module: a zero-padded window block partitions x before its projections (one copy,
+as SAM2 does); that path must equal attention on the whole padded grid with the same weights, for every position
+term, with and without pooled queries."""
+import pytest
+import torch
+
+from winpos.attention import attention
+from winpos.backbones.common import Attention
+
+
+@pytest.mark.parametrize("kind", ["none", "relpos", "rope", "lookhere"])
+@pytest.mark.parametrize("q_stride", [1, 2])
+def test_window_block_partitions_x_first_and_equals_grid_attention(kind, q_stride):
+    torch.manual_seed(0)
+    attn = Attention(16, 24, num_heads=2, window_size=4, q_stride=q_stride, position=kind, extent=4).double()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(2, 8, 12, 16, dtype=torch.float64)
+    x[:, 6:] = 0  # zero padding rows, as the backbones pad after norm1
+    out = attn(x, valid_hw=(6, 12))
+    qkv = attn.qkv(x).reshape(2, 8, 12, 3, 2, 12)
+    q, k, v = qkv.unbind(3)
+    if q_stride > 1:
+        q = torch.nn.functional.max_pool2d(q.flatten(3).permute(0, 3, 1, 2), 2).permute(0, 2, 3, 1)
+        q = q.reshape(2, 4, 6, 2, 12)
+    ref = attn.proj(attention(q, k, v, window=4, pos=attn.position_terms(), backend="reference").flatten(-2))
+    assert out.shape == (2, 8 // q_stride, 12 // q_stride, 24)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
