@@ -185,7 +185,8 @@ def test_bad_inputs():
                                                  ("mixed", "half", False)])
 @pytest.mark.parametrize("H,W,window,stride", [(16, 24, 8, 1), (16, 16, 8, 2), (10, 14, None, 1), (12, 12, None, 2)])
 def test_rope_on_grid_equals_rotating_each_window(kind, pairing, shared, H, W, window, stride):
-    """Independent check: rotate partitioned windows with ``apply_rope`` (tested against timm), then plain SDPA."""
+    """Independent check: rotate partitioned windows with ``apply_rope`` (tested against timm), then plain SDPA;
+    with autograd and in inference."""
     from winpos.posemb.rope import RoPE, apply_rope
 
     heads, D = 2, 16
@@ -207,6 +208,9 @@ def test_rope_on_grid_equals_rotating_each_window(kind, pairing, shared, H, W, w
     ref = ref.transpose(1, 2)
     ref = window_unpartition(ref, qw, tuple(q.shape[1:3])) if window else ref.reshape(out.shape)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+    with torch.no_grad():  # inference rotates in place (mul + addcmul into one buffer): same answer
+        torch.testing.assert_close(attention(q, k, v, window=window, pos=PositionTerms(rope=rope)), ref,
+                                   rtol=0, atol=1e-10)
     params = (q, k, v) + tuple(rope.parameters())
     for a, b in zip(_grads(out, params), _grads(ref, params)):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)

@@ -152,17 +152,23 @@ def _rotate_grid(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dims
     half = rot_dims // 2
     compute = torch.promote_types(x.dtype, torch.float32)
     if pairing == "half":
-        a, b = x[..., :half].to(compute), x[..., half:rot_dims].to(compute)
+        pick = (slice(0, half), slice(half, rot_dims))
     else:
-        a, b = x[..., 0:rot_dims:2].to(compute), x[..., 1:rot_dims:2].to(compute)
+        pick = (slice(0, rot_dims, 2), slice(1, rot_dims, 2))
+    a, b = x[..., pick[0]].to(compute), x[..., pick[1]].to(compute)
     c, s = cos.to(compute), sin.to(compute)
+    if compute == x.dtype and not (torch.is_grad_enabled() and (x.requires_grad or c.requires_grad or s.requires_grad)):
+        # Inference in fp32: write each rotated half in place (a multiply and a fused multiply-add), no temporaries.
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if rot_dims < x.shape[-1]:
+            out[..., rot_dims:] = x[..., rot_dims:]
+        out_a, out_b = out[..., pick[0]], out[..., pick[1]]
+        torch.mul(a, c, out=out_a).addcmul_(b, s, value=-1)
+        torch.mul(b, c, out=out_b).addcmul_(a, s)
+        return out
     out = x.clone(memory_format=torch.contiguous_format)
-    if pairing == "half":
-        out[..., :half] = a * c - b * s
-        out[..., half:rot_dims] = b * c + a * s
-    else:
-        out[..., 0:rot_dims:2] = a * c - b * s
-        out[..., 1:rot_dims:2] = b * c + a * s
+    out[..., pick[0]] = a * c - b * s
+    out[..., pick[1]] = b * c + a * s
     return out
 
 
