@@ -54,6 +54,14 @@ def test_posemb_benchmark_compares_equal_outputs():
     assert all(r["median_ms"] > 0 for r in res["rows"])
 
 
+def test_round_ratios_pair_calls_of_the_same_round():
+    from winpos.bench.timing import round_ratios
+
+    assert round_ratios([2.0, 3.0, 9.0], [1.0, 2.0, 3.0]) == [2.0, 1.5, 3.0]
+    with pytest.raises(ValueError, match="same nonzero number of rounds"):
+        round_ratios([1.0], [1.0, 2.0])
+
+
 def test_parse_sizes():
     assert parse_sizes("64, 96x128") == ((64, 64), (96, 128))
     for bad in ("64", "64,abc", "64,0", "64,1x2x3"):
@@ -131,7 +139,9 @@ def test_backbone_cli(tmp_path):
         assert all(_positive(r[k]) for k in ("median_s", "gflops", "fraction_of_matmul_peak", "peak_rss_mib")), r
         assert math.isclose(r["fraction_of_matmul_peak"], r["gflops"] / r["median_s"] / res["matmul_gflops_per_s"])
     assert math.isclose(mine["speedup_vs_peer"], peer["median_s"] / mine["median_s"])
-    assert peer["speedup_vs_peer"] is None
+    assert peer["speedup_vs_peer"] is None and peer["speedup_range"] is None
+    low, high = (float(v) for v in mine["speedup_range"].split("-"))
+    assert 0 < low <= high and low <= mine["speedup_vs_peer"] * 1.001 and high >= mine["speedup_vs_peer"] * 0.999
     # Same trunk, same matmuls: winpos' abs-win HieraDet-B+ costs what sam2's does.
     assert abs(mine["gflops"] - peer["gflops"]) / peer["gflops"] < 0.01
     assert set(res["profile"]) == set(rows)

@@ -98,7 +98,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, dim, kernel_size=7, stride=4, padding=3)
 
     def forward(self, x):
-        return self.proj(x).permute(0, 2, 3, 1)  # (B, C, H, W) -> (B, H, W, C)
+        # Contiguous (B, H, W, C): a permuted NCHW view would pass its channels-first strides on to every
+        # residual add of the stage (elementwise ops keep the first operand's layout).
+        return self.proj(x).permute(0, 2, 3, 1).contiguous()
 
 
 class HieraBlock(nn.Module):

@@ -48,7 +48,9 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x).permute(0, 2, 3, 1)
+        # Contiguous (B, H, W, C): a permuted NCHW view would hand its channels-first strides to every residual
+        # add after it (elementwise ops keep the first operand's layout), and each LayerNorm would copy it back.
+        return self.proj(x).permute(0, 2, 3, 1).contiguous()
 
 
 class ViTDetBlock(nn.Module):

@@ -5,18 +5,22 @@ segment-anything's ViT-B image encoder (its trunk: the neck is left out, as the 
 it), sam2's Hiera-B+ and timm's HieraDet-B+ (``sam2_hiera_base_plus``). Batch 1, forward only, fp32 (and bf16
 autocast with ``bf16``). winpos ``original`` rows are loaded from a peer's weights and their outputs compared.
 
-Per row: median seconds after warm-up (all rows called round-robin), speedup over its peer, fvcore GFLOPs and
+Per row: median seconds after warm-up (all rows called round-robin), speedup over its peer (ratio of medians, and
+the range of the per-round ratios: how far this machine's noise moves it), fvcore GFLOPs and
 the fraction of the measured matmul throughput they reach, peak memory of one forward (RSS growth in a spawned
 process on CPU, max allocated on CUDA), and with ``profile`` the top ops of each winpos row next to its peer's.
 """
 from __future__ import annotations
+
+import statistics
 
 import torch
 
 from winpos.bench.flops import count_gflops, matmul_gflops_per_s
 from winpos.bench.peers import REFERENCE, ROWS, build_model, rows_for
 from winpos.bench.profile import side_by_side, top_ops
-from winpos.bench.timing import cuda_peak_mib, interleaved_medians, peak_rss_mib, print_table, progress
+from winpos.bench.timing import (cuda_peak_mib, interleaved_medians, interleaved_times, peak_rss_mib, print_table,
+                                 progress, round_ratios)
 
 
 def _output(model, x):
@@ -80,7 +84,8 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
     checks = [{"model": n, "source": ROWS[n].source, "max_rel_err": _max_rel(fns[n](), fns[ROWS[n].source]())}
               for n in names if ROWS[n].source in models]
     results["output_checks"] = checks
-    times = interleaved_medians(fns, repeats=repeats, warmup=warmup, desc="timing fp32")
+    rounds = interleaved_times(fns, repeats=repeats, warmup=warmup, desc="timing fp32")
+    times = {name: statistics.median(ts) for name, ts in rounds.items()}
 
     mem = {}
     if memory:
@@ -99,6 +104,7 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
         results["rows"].append({
             "model": name, "peer": peer, "median_s": times[name],
             "speedup_vs_peer": times[peer] / times[name] if peer in times else None,
+            "speedup_range": _range(round_ratios(rounds[peer], rounds[name])) if peer in rounds else None,
             "gflops": gf, "fraction_of_matmul_peak": gf / times[name] / peak if gf is not None else None,
             mem_key: mem.get(name),
         })
@@ -121,6 +127,11 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
     return results
 
 
+def _range(ratios: list[float]) -> str:
+    """``"min-max"`` of the per-round speedups (printed next to the ratio of medians)."""
+    return f"{min(ratios):.3g}-{max(ratios):.3g}"
+
+
 def _report(results, names, bf16, profile):
     mem_key = results["memory_column"]
     print(f"backbone forward, {results['img_size']}x{results['img_size']}, batch 1, fp32, {results['device']}, "
@@ -131,7 +142,7 @@ def _report(results, names, bf16, profile):
                     results["output_checks"], ["model", "source", "max_rel_err"])
     refs = "; ".join(f"{fam} reference: {ref}" for fam, ref in REFERENCE.items() if ref in names)
     print_table(f"backbones (speedup = peer time / this row's time{'; ' + refs if refs else ''})", results["rows"],
-                ["model", "peer", "median_s", "speedup_vs_peer", "gflops", "fraction_of_matmul_peak"]
+                ["model", "peer", "median_s", "speedup_vs_peer", "speedup_range", "gflops", "fraction_of_matmul_peak"]
                 + ([mem_key] if mem_key else []))
     if bf16:
         print_table("bf16 autocast", results["bf16"],

@@ -22,12 +22,11 @@ def progress(total: int, desc: str):
     return tqdm(total=total, desc=desc, file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
-def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2,
-                        desc: str | None = None) -> dict[str, float]:
-    """Median seconds per call of each function, calling them round-robin so drift hits all of them alike.
-
-    A function that launches GPU work must synchronize before it returns. ``desc``: show a progress bar.
-    """
+def interleaved_times(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2,
+                      desc: str | None = None) -> dict[str, list[float]]:
+    """Seconds of every timed call of each function (one entry per round), calling them round-robin so drift hits
+    all of them alike. A function that launches GPU work must synchronize before it returns. ``desc``: show a
+    progress bar."""
     bar = progress((warmup + repeats) * len(fns), desc) if desc else None
     for _ in range(warmup):
         for fn in fns.values():
@@ -44,7 +43,21 @@ def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, 
                 bar.update()
     if bar is not None:
         bar.close()
-    return {name: statistics.median(ts) for name, ts in times.items()}
+    return times
+
+
+def interleaved_medians(fns: dict[str, Callable[[], object]], repeats: int = 7, warmup: int = 2,
+                        desc: str | None = None) -> dict[str, float]:
+    """Median seconds per call of each function (see ``interleaved_times``)."""
+    return {name: statistics.median(ts) for name, ts in interleaved_times(fns, repeats, warmup, desc).items()}
+
+
+def round_ratios(peer: list[float], mine: list[float]) -> list[float]:
+    """Per-round speedups ``peer / mine`` of two functions timed in the same rounds: their spread shows how far the
+    machine's noise moves a ratio (both calls of a round share its conditions)."""
+    if len(peer) != len(mine) or not peer:
+        raise ValueError(f"need the same nonzero number of rounds for both, got {len(peer)} and {len(mine)}")
+    return [p / m for p, m in zip(peer, mine)]
 
 
 def _vm_hwm_kib() -> float:
