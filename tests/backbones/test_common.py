@@ -27,3 +27,20 @@ def test_window_block_partitions_x_first_and_equals_grid_attention(kind, q_strid
     ref = attn.proj(attention(q, k, v, window=4, pos=attn.position_terms(), backend="reference").flatten(-2))
     assert out.shape == (2, 8 // q_stride, 12 // q_stride, 24)
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("family", ["vitdet", "hieradet"])
+def test_patch_embedding_hands_on_a_contiguous_token_grid(family):
+    """A permuted NCHW view would pass its channels-first strides to every residual add after it (elementwise ops
+    keep the first operand's layout); ViTDet-B at 1024^2 spent 318 ms in add and 195 ms in gelu that way, 56
+    and 71 ms with a contiguous grid."""
+    if family == "vitdet":
+        from winpos.backbones.vitdet import PatchEmbed
+
+        embed, stride = PatchEmbed(16, 3, 32), 16
+    else:
+        from winpos.backbones.hieradet import PatchEmbed
+
+        embed, stride = PatchEmbed(3, 32), 4
+    out = embed(torch.randn(1, 3, 64, 96))
+    assert out.shape == (1, 64 // stride, 96 // stride, 32) and out.is_contiguous()
