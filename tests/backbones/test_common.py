@@ -44,3 +44,19 @@ def test_patch_embedding_hands_on_a_contiguous_token_grid(family):
         embed, stride = PatchEmbed(3, 32), 4
     out = embed(torch.randn(1, 3, 64, 96))
     assert out.shape == (1, 64 // stride, 96 // stride, 32) and out.is_contiguous()
+
+
+@pytest.mark.parametrize("backend,expect_window", [("reference", None), ("triton", 4)])
+def test_window_block_partitions_first_only_for_the_reference_backend(monkeypatch, backend, expect_window):
+    """The SDPA path partitions x before the projections; the Triton kernel windows the grid in-kernel, so it gets
+    the whole padded grid and the window size."""
+    import winpos.backbones.common as C
+
+    calls = []
+    monkeypatch.setattr(C, "resolve_backend", lambda name, device: backend)
+    monkeypatch.setattr(C, "attention", lambda q, k, v, **kw: calls.append((q.shape, kw["window"])) or q)
+    attn = Attention(16, 16, num_heads=2, window_size=4)
+    attn(torch.randn(1, 8, 12, 16), valid_hw=(8, 12))
+    (shape, window), = calls
+    assert window == expect_window
+    assert shape == ((6, 4, 4, 2, 8) if backend == "reference" else (1, 8, 12, 2, 8))

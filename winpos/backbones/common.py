@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from winpos.attention import PositionTerms, attention
+from winpos.attention import PositionTerms, attention, resolve_backend
 from winpos.errors import check_choice
 from winpos.windows import PAD_MODES, window_partition, window_unpartition
 
@@ -96,10 +96,12 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, valid_hw=None) -> torch.Tensor:
         B, H, W, C = x.shape
         ws, s = self.window_size, self.q_stride
-        if ws and (self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)):
+        zero_padded = self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)
+        if ws and zero_padded and resolve_backend("auto", x.device) != "triton":
             # Partition x once, before the projections (as SAM2 does): every position term of a window block is
             # window-local, so each window is a small global attention with the same terms. One copy of x and one
-            # of the output, instead of one per q, k and v and one of the output.
+            # of the output, instead of one per q, k and v and one of the output. (The Triton kernel windows the
+            # grid in-kernel and needs no copy at all.)
             xw = window_partition(x, ws).reshape(-1, ws, ws, C)
             out = self._attend(xw, window=None, valid_hw=None)
             return window_unpartition(out.flatten(1, 2), ws // s, (H // s, W // s))
