@@ -142,6 +142,7 @@ def test_backbone_cli(tmp_path):
     assert peer["speedup_vs_peer"] is None and peer["speedup_range"] is None
     low, high = (float(v) for v in mine["speedup_range"].split("-"))
     assert 0 < low <= high and low <= mine["speedup_vs_peer"] * 1.001 and high >= mine["speedup_vs_peer"] * 0.999
+    assert all(len(r["round_s"]) == 1 and r["round_s"][0] == r["median_s"] for r in rows.values())
     # Same trunk, same matmuls: winpos' abs-win HieraDet-B+ costs what sam2's does.
     assert abs(mine["gflops"] - peer["gflops"]) / peer["gflops"] < 0.01
     assert set(res["profile"]) == set(rows)

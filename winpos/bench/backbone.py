@@ -105,6 +105,7 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
             "model": name, "peer": peer, "median_s": times[name],
             "speedup_vs_peer": times[peer] / times[name] if peer in times else None,
             "speedup_range": _range(round_ratios(rounds[peer], rounds[name])) if peer in rounds else None,
+            "round_s": rounds[name],
             "gflops": gf, "fraction_of_matmul_peak": gf / times[name] / peak if gf is not None else None,
             mem_key: mem.get(name),
         })
