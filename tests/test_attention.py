@@ -257,3 +257,25 @@ def test_inference_mask_buffer_is_reused_across_calls_and_never_leaks_stale_rows
     assert pointers[0] == pointers[1] == pointers[2]
     A.release_workspace()
     assert not hasattr(A._WORKSPACE, "buffers")
+
+
+@pytest.mark.parametrize("batch,with_relpos,pad", [(1, False, False), (2, False, False), (1, True, False),
+                                                   (1, False, True)])
+def test_lookhere_by_query_blocks_in_inference_equals_materialized(monkeypatch, batch, with_relpos, pad):
+    """Inference, LookHere too large to cache: its rows go straight into the reused mask buffer (one group), are
+    copied into it (several), or added to relpos / the padding mask; every way equals the specification."""
+    import winpos.attention as A
+    from winpos.posemb.lookhere import LookHere
+
+    monkeypatch.setattr(A, "LOOKHERE_CACHE_BYTES", 0)
+    monkeypatch.setattr(A, "RELPOS_CHUNK_BYTES", 8192)
+    lookhere = LookHere(3)
+    q, k, v = _qkv(batch, 12, 16, 3, 8, dtype=torch.float32, grad=False)
+    rel = tuple(t.detach().float() for t in _rel_tables(16, 8)) if with_relpos else None
+    kwargs = dict(pos=PositionTerms(rel_pos=rel, lookhere=lookhere), valid_hw=(10, 13) if pad else None,
+                  pad_mode="mask")
+    with torch.no_grad():
+        fast = reference_attention(q, k, v, **kwargs)
+    assert lookhere._bias_cache is None  # never built whole
+    slow = dense_attention(q, k, v, **kwargs)
+    torch.testing.assert_close(fast, slow, rtol=1e-5, atol=1e-5)

@@ -283,7 +283,8 @@ def _blockwise(qg, kg, vg, rel, lookhere, geo, mask, scale):
     groups, heads, n_q, n_k = *qg.shape[:3], kg.shape[2]
     row_bytes = groups * heads * n_k * qg.element_size()
     step = max(1, min(n_q, RELPOS_CHUNK_BYTES // row_bytes))
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (qg, kg, vg, *(rel or ())))
+    learned = list(lookhere.parameters()) if isinstance(lookhere, torch.nn.Module) else []
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (qg, kg, vg, *(rel or ()), *learned))
     buf = None if grad else _mask_buffer(groups * heads * step * n_k, qg.dtype, qg.device)
     outs = []
     for s in range(0, n_q, step):
@@ -297,26 +298,28 @@ def _blockwise(qg, kg, vg, rel, lookhere, geo, mask, scale):
 def _bias_rows(rel, lookhere, mask, geo, s, e, dtype, out=None):
     """Relpos bias + LookHere bias + padding mask for query rows ``[s, e)``: a new tensor (differentiable) when
     ``out`` is None, else written in place into ``out`` ``(groups, heads, e - s, Nk)``."""
-    terms = []
-    if lookhere is not None:
-        terms.append(lookhere.bias_rows(geo.q_window, geo.k_window, s, e).to(dtype)[None])
-    if mask is not None:
-        terms.append(mask[..., s:e, :])
     if out is None:
         block = None
         if rel is not None:
             rel_h, rel_w = rel
             block = (rel_h[:, :, s:e, :, None] + rel_w[:, :, s:e, None, :]).flatten(-2)
-        for t in terms:
-            block = t if block is None else block + t
+        if lookhere is not None:
+            lh = lookhere.bias_rows(geo.q_window, geo.k_window, s, e).to(dtype)[None]
+            block = lh if block is None else block + lh
+        if mask is not None:
+            block = mask[..., s:e, :] if block is None else block + mask[..., s:e, :]
         return block
     if rel is not None:
         rel_h, rel_w = rel
         torch.add(rel_h[:, :, s:e, :, None], rel_w[:, :, s:e, None, :], out=out.view(*out.shape[:3], *geo.k_window))
+        if lookhere is not None:
+            out.add_(lookhere.bias_rows(geo.q_window, geo.k_window, s, e).to(dtype))
+    elif out.shape[0] == 1 and dtype == torch.float32:
+        lookhere.bias_rows(geo.q_window, geo.k_window, s, e, out=out[0])  # straight into the buffer
     else:
-        out.copy_(terms.pop(0))
-    for t in terms:
-        out.add_(t)
+        out.copy_(lookhere.bias_rows(geo.q_window, geo.k_window, s, e).to(dtype))
+    if mask is not None:
+        out.add_(mask[..., s:e, :])
     return out
 
 

@@ -322,3 +322,38 @@ def test_bad_input():
         lookhere_bias(head_fields_of_view(4, "90"), torch.ones(3), q, k)
     with pytest.raises(ValueError, match=r"\(N, 2\)"):
         lookhere_bias(head_fields_of_view(4, "90"), torch.ones(4), q[:, :1], k)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("q_hw,k_hw", [((5, 7), (5, 7)), ((9, 4), (9, 4)), ((3, 4), (6, 8))])
+def test_bias_rows_equal_the_dense_bias_exactly(monkeypatch, variant, q_hw, k_hw):
+    """Unpooled grids copy rows out of the cached displacement table, pooled ones compute them: both equal the
+    dense bias bit for bit, for row ranges that start and stop inside grid rows, with and without ``out``."""
+    import winpos.posemb.lookhere as L
+
+    module = LookHere(12, variant, layer_index=1, num_layers=4)
+    q, k = grid_coords(q_hw, k_hw)
+    dense = lookhere_bias(module.fov, module.slopes, q, k)
+    n = q.shape[0]
+    for start, stop in [(0, n), (3, min(n, 17)), (n - 5, n), (6, 7)]:
+        rows = module.bias_rows(q_hw, k_hw, start, stop)
+        assert torch.equal(rows, dense[:, start:stop]), (start, stop)
+        out = torch.full_like(rows, 7.0)
+        assert module.bias_rows(q_hw, k_hw, start, stop, out=out) is out and torch.equal(out, rows)
+    assert (module._shift_cache is not None) == (q_hw == k_hw)
+    monkeypatch.setattr(L, "SHIFT_TABLE_BYTES", 0)  # too large to cache: computed directly, same rows
+    module._shift_cache = None
+    assert torch.equal(module.bias_rows(q_hw, k_hw, 2, 9), dense[:, 2:9]) and module._shift_cache is None
+
+
+def test_bias_rows_follow_a_new_global_slope():
+    module = LookHere(12, "45")
+    before = module.bias_rows((6, 6), (6, 6), 0, 36)
+    module.set_global_slope(0.5)
+    after = module.bias_rows((6, 6), (6, 6), 0, 36)
+    finite = torch.isfinite(before)
+    torch.testing.assert_close(after[finite], 0.5 * before[finite])
+    with pytest.raises(ValueError, match="out has shape"):
+        module.bias_rows((6, 6), (6, 6), 0, 36, out=torch.empty(12, 35, 36))
+    with pytest.raises(ValueError, match="not a nonempty range inside the 36 queries"):
+        module.bias_rows((6, 6), (6, 6), 30, 40)

@@ -303,6 +303,10 @@ def fov_tile_classes(fov: Tensor, q_coords: Tensor, k_coords: Tensor, block_q: i
     return classes
 
 
+# Largest cached displacement table of ``LookHere.bias_rows`` (84 MB for ViTDet-B's 96x96 grid at 1536^2).
+SHIFT_TABLE_BYTES = 256 * 2 ** 20
+
+
 class LookHere(nn.Module):
     """Fixed LookHere bias of one attention layer; caches what depends on the grid.
 
@@ -329,24 +333,68 @@ class LookHere(nn.Module):
         )
         self._bias_cache: tuple[tuple, Tensor] | None = None  # one entry: a dense bias can be large
         self._tile_cache: OrderedDict[tuple, Tensor] = OrderedDict()
+        self._shift_cache: tuple[tuple, Tensor] | None = None
 
     def set_global_slope(self, global_slope: float) -> None:
         """Rescale every head's slope to ``global_slope`` (paper units) and drop cached biases."""
         slopes = head_slopes(self.num_heads, self.variant, self.layer_index, self.num_layers, global_slope)
         self.slopes.copy_(slopes)
         self.global_slope = float(global_slope)
-        self._bias_cache = None
+        self._bias_cache = self._shift_cache = None
 
     def dense_bytes(self, q_hw, k_hw) -> int:
         """Bytes of the dense fp32 bias for these grids (what ``bias`` would build and cache)."""
         (qh, qw), (kh, kw) = _check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw)
         return self.num_heads * qh * qw * kh * kw * 4
 
-    def bias_rows(self, q_hw, k_hw, start: int, stop: int) -> Tensor:
-        """Rows ``start:stop`` (queries, row-major) of the dense bias, ``(H, stop - start, Hk*Wk)``; not cached.
-        For grids whose dense bias is too large to keep (see ``winpos.attention.LOOKHERE_CACHE_BYTES``)."""
-        q, k = grid_coords(_check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw), device=self.slopes.device)
-        return lookhere_bias(self.fov, self.slopes.float(), q[start:stop], k)
+    def bias_rows(self, q_hw, k_hw, start: int, stop: int, out: Tensor | None = None) -> Tensor:
+        """Rows ``start:stop`` (queries, row-major) of the dense bias, ``(H, stop - start, Hk*Wk)``, written into
+        ``out`` when given. For grids whose dense bias is too large to keep (see
+        ``winpos.attention.LOOKHERE_CACHE_BYTES``). Unpooled grids copy the rows out of a cached displacement
+        table (the bias depends only on key - query): one pass over the rows instead of a dozen."""
+        q_hw, k_hw = _check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw)
+        rows, n_q = stop - start, q_hw[0] * q_hw[1]
+        if not 0 <= start < stop <= n_q:
+            raise ValueError(f"query rows {start}:{stop} are not a nonempty range inside the {n_q} queries of {q_hw}")
+        if out is not None and out.shape != (self.num_heads, rows, k_hw[0] * k_hw[1]):
+            raise ValueError(f"out has shape {tuple(out.shape)}; expected {(self.num_heads, rows, k_hw[0] * k_hw[1])}")
+        table = self._shift_table(k_hw) if q_hw == k_hw else None
+        if table is None:
+            q, k = grid_coords(q_hw, k_hw, device=self.slopes.device)
+            bias = lookhere_bias(self.fov, self.slopes.float(), q[start:stop], k)
+            return bias if out is None else out.copy_(bias)
+        H, W = k_hw
+        if out is None:
+            out = torch.empty(self.num_heads, rows, H * W, dtype=torch.float32, device=self.slopes.device)
+        n = start
+        while n < stop:  # one query row i (or the part of it inside [start, stop)) at a time
+            i, j0 = divmod(n, W)
+            j1 = min(W, j0 + stop - n)
+            # table[h, a, j, x] = bias of key (a - (H-1) + i, x) for query (i, j): rows a = H-1-i ... 2H-2-i.
+            piece = table[:, H - 1 - i: 2 * H - 1 - i, j0:j1].transpose(1, 2)  # (heads, j, y, x)
+            out[:, n - start: n - start + j1 - j0].view(self.num_heads, j1 - j0, H, W).copy_(piece)
+            n += j1 - j0
+        return out
+
+    def _shift_table(self, k_hw) -> Tensor | None:
+        """``(heads, 2H-1, W, W)``: entry ``[h, a, j, x]`` is head h's bias from a query in column j to a key in
+        column x, ``a - (H-1)`` rows below it, computed by ``lookhere_bias`` itself (so rows copied from it equal
+        the dense bias exactly). Cached for the last grid; None when larger than SHIFT_TABLE_BYTES."""
+        H, W = k_hw
+        if self.num_heads * (2 * H - 1) * W * W * 4 > SHIFT_TABLE_BYTES:
+            return None
+        key = (tuple(k_hw), self.slopes.device, self.slopes._version)
+        if self._shift_cache is None or self._shift_cache[0] != key:
+            self._shift_cache = None
+            dev = self.slopes.device
+            dy = torch.arange(-(H - 1), H, device=dev, dtype=torch.float32)
+            dx = torch.arange(-(W - 1), W, device=dev, dtype=torch.float32)
+            shifts = torch.stack(torch.meshgrid(dy, dx, indexing="ij"), dim=-1).reshape(-1, 2)
+            origin = torch.zeros(1, 2, device=dev)
+            flat = lookhere_bias(self.fov, self.slopes.float(), origin, shifts).view(self.num_heads, 2 * H - 1, 2 * W - 1)
+            cols = torch.arange(W, device=dev)
+            self._shift_cache = (key, flat[:, :, cols[None, :] - cols[:, None] + W - 1].contiguous())
+        return self._shift_cache[1]
 
     def bias(self, q_hw, k_hw) -> Tensor:
         """Dense fp32 bias ``(H, Hq*Wq, Hk*Wk)`` for row-major grids (see ``grid_coords`` for pooling).
