@@ -283,8 +283,7 @@ def _blockwise(qg, kg, vg, rel, lookhere, geo, mask, scale):
     groups, heads, n_q, n_k = *qg.shape[:3], kg.shape[2]
     row_bytes = groups * heads * n_k * qg.element_size()
     step = max(1, min(n_q, RELPOS_CHUNK_BYTES // row_bytes))
-    learned = list(lookhere.parameters()) if isinstance(lookhere, torch.nn.Module) else []
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (qg, kg, vg, *(rel or ()), *learned))
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (qg, kg, vg, *(rel or ())))  # LookHere is fixed
     buf = None if grad else _mask_buffer(groups * heads * step * n_k, qg.dtype, qg.device)
     outs = []
     for s in range(0, n_q, step):

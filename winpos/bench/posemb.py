@@ -9,6 +9,7 @@ import torch
 from winpos.attention import PositionTerms, dense_attention, reference_attention
 from winpos.bench.timing import interleaved_medians, peak_rss_mib, print_table
 
+
 def _no_relpos(q, k, v, window=None, pos=None):
     return reference_attention(q, k, v, window=window)
 

@@ -383,7 +383,7 @@ class LookHere(nn.Module):
         H, W = k_hw
         if self.num_heads * (2 * H - 1) * W * W * 4 > SHIFT_TABLE_BYTES:
             return None
-        key = (tuple(k_hw), self.slopes.device, self.slopes._version)
+        key = (tuple(k_hw), self.slopes.device)  # set_global_slope drops it, like the dense cache
         if self._shift_cache is None or self._shift_cache[0] != key:
             self._shift_cache = None
             dev = self.slopes.device
