@@ -128,9 +128,9 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
     return results
 
 
-def _range(ratios: list[float]) -> str:
-    """``"min-max"`` of the per-round speedups (printed next to the ratio of medians)."""
-    return f"{min(ratios):.3g}-{max(ratios):.3g}"
+def _range(ratios: list[float]) -> list[float]:
+    """``[min, max]`` of the per-round speedups (printed as ``min-max`` next to the ratio of medians)."""
+    return [min(ratios), max(ratios)]
 
 
 def _report(results, names, bf16, profile):

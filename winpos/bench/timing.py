@@ -124,6 +124,8 @@ def cuda_peak_mib(fn: Callable[[], object]) -> float:
 def _cell(value) -> str:
     if value is None:
         return "-"
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, float) for v in value):
+        return f"{value[0]:.3g}-{value[1]:.3g}"  # a (low, high) range
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
