@@ -1,53 +1,78 @@
 #!/usr/bin/env python
-"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet) into a winpos backbone.
+"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, winpos) into a winpos
+backbone, or a winpos checkpoint into another pos_embed choice.
 
     python tools/convert_checkpoint.py --input sam2.1_hiera_base_plus.pt --output hieradet_bplus.safetensors \
-        --to hieradet_bplus [--recipe paper] [--pos-embed abswin] [--format auto]
+        --to hieradet_bplus [--recipe paper] [--pos-embed abswin] [--format auto] [--force]
 
-The output holds the backbone's state dict (safetensors, or a .pth saved for weights_only loading) and loads with
-``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. The load report is printed.
+The output holds the backbone's state dict (safetensors, or a .pth/.pt saved for weights_only loading; the suffix
+chooses) and loads with ``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. The
+load report is printed. The output is checked before the conversion starts: it may not be the input, an existing
+file is replaced only with --force, and it is written atomically (an interrupted or failed write leaves the
+previous file as it was and no temporary file). Exit status 2 for bad input, 1 when writing fails.
 """
-import argparse
 import sys
 from pathlib import Path
 
+from winpos.errors import ArgumentParser, WinposError, positive_int, run_cli
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+SUFFIXES = (".safetensors", ".pth", ".pt")
+FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae")
+POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
+
+
+def build_parser():
+    import argparse
+
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", required=True, help="checkpoint file (.pth/.pt/.pkl/.safetensors)")
-    parser.add_argument("--output", required=True, help="output file (.safetensors or .pth)")
+    parser.add_argument("--output", required=True, help=f"output file ({', '.join(SUFFIXES)})")
     parser.add_argument("--to", required=True, help="winpos preset, e.g. vitdet_b or hieradet_bplus")
     parser.add_argument("--recipe", default="original", help="original | paper | rope | lookhere")
-    parser.add_argument("--format", default="auto", help="source format (default: detect from the keys)")
-    parser.add_argument("--pos-embed", default=None, help="override the target's token embedding (e.g. abswin)")
-    parser.add_argument("--img-size", type=int, default=None, help="target image size (sizes global relpos tables)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="source format (default: detect from the keys)")
+    parser.add_argument("--pos-embed", default=None, choices=POS_EMBEDS,
+                        help="override the target's token embedding (e.g. abswin)")
+    parser.add_argument("--img-size", type=positive_int, default=None,
+                        help="target image size in px (sizes global relpos tables)")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    from winpos.outputs import check_output_file
+
+    out = check_output_file(args.output, inputs=[args.input], force=args.force, suffixes=SUFFIXES)
+    if not Path(args.input).exists():
+        raise WinposError(f"--input {args.input} does not exist; check the path")
 
     import torch
 
     from winpos.checkpoints import load_external
+    from winpos.outputs import atomic_write
 
     overrides = {}
     if args.pos_embed:
         overrides["pos_embed"] = args.pos_embed
     if args.img_size:
         overrides["img_size"] = args.img_size
-    try:
-        sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe, **overrides)
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe, **overrides)
     print(report.summary())
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
     sd = {k: v.contiguous() for k, v in sd.items()}
-    if out.suffix == ".safetensors":
-        from safetensors.torch import save_file
+    meta = {"winpos_preset": args.to, "winpos_recipe": args.recipe}
+    if args.pos_embed:
+        meta["winpos_pos_embed"] = args.pos_embed
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".safetensors":
+        from safetensors.torch import save
 
-        save_file(sd, str(out), metadata={"winpos_preset": args.to, "winpos_recipe": args.recipe})
+        data = save(sd, metadata=meta)
+        atomic_write(out, lambda f: f.write(data), "wb")
     else:
-        torch.save({"model": sd, "winpos_preset": args.to, "winpos_recipe": args.recipe}, out)
+        atomic_write(out, lambda f: torch.save({"model": sd, **meta}, f), "wb")
     print(f"wrote {out} ({len(sd)} tensors)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

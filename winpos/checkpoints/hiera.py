@@ -55,8 +55,10 @@ def detect_hiera_format(state_dict: dict) -> str:
         return "hiera"
     if pos is None and any(k.startswith("blocks.") and k.endswith(".attn.qkv.weight") for k in keys):
         return "winpos"  # a trunk without token embedding (pos_embed="none")
-    raise ValueError(f"could not recognise a Hiera checkpoint from keys {sorted(keys)[:10]}; pass source= one of "
-                     f"{SOURCES[1:]} (HF transformers Hiera names are not supported: convert with timm first)")
+    raise ValueError(f"could not recognise a Hiera checkpoint from keys {sorted(keys)[:10]}; name its format "
+                     f"(format= in load_external, --format in tools/convert_checkpoint.py) as one of {SOURCES[1:]}, "
+                     "or check that it is a Hiera checkpoint (HF transformers Hiera names are not supported: convert "
+                     "with timm first)")
 
 
 def _rename(state_dict: dict, source: str, report: LoadReport) -> tuple[dict, dict]:

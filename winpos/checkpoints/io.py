@@ -10,8 +10,10 @@ Supported files:
   Caffe2-style ``{"blobs": {...}}``) through a restricted unpickler that admits only numpy arrays, numpy scalars,
   dtypes and plain containers. Any other class in the pickle is refused by name before it is created.
 
-Every failure is a ``ValueError`` (or ``FileNotFoundError``) that names the path, what was found and what to do;
-the low-level exception is chained as ``__cause__``.
+Every failure is a ``WinposError`` (a ``ValueError``; ``MissingInputError``, also a ``FileNotFoundError``, for a
+missing path) that names the path, what was found and what to do; the low-level exception is chained as
+``__cause__``. A file of another kind (an image, a text or HTML page, an archive) renamed to a checkpoint suffix is
+named as what it is. ``check_finite_state_dict`` refuses NaN / inf weights by name.
 """
 
 from __future__ import annotations
@@ -26,7 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["load_checkpoint_object", "load_state_dict_file", "unwrap_state_dict", "RestrictedUnpickler"]
+from winpos.errors import MissingInputError, WinposError
+
+__all__ = ["load_checkpoint_object", "load_state_dict_file", "unwrap_state_dict", "RestrictedUnpickler",
+           "check_finite_state_dict", "sniff_file_kind"]
 
 TORCH_EXTS = (".pth", ".pt", ".bin", ".ckpt")
 PICKLE_EXTS = (".pkl", ".pickle")
@@ -108,15 +113,15 @@ def _to_torch(obj: Any) -> Any:
 
 def _check_file(path: Path) -> None:
     if not path.exists():
-        raise FileNotFoundError(f"checkpoint '{path}' does not exist; check the path (cwd is {os.getcwd()})")
+        raise MissingInputError(f"checkpoint '{path}' does not exist; check the path (cwd is {os.getcwd()})")
     if path.is_dir():
         inside = sorted(p.name for p in path.iterdir())[:10]
-        raise ValueError(
+        raise WinposError(
             f"checkpoint path '{path}' is a directory (it holds {inside}); pass the weights file inside it, "
             f"e.g. '{path}/model.safetensors' or '{path}/model_final.pkl'"
         )
     if path.stat().st_size == 0:
-        raise ValueError(f"checkpoint '{path}' is an empty file (0 bytes); the download or save was "
+        raise WinposError(f"checkpoint '{path}' is an empty file (0 bytes); the download or save was "
                          "interrupted: fetch it again")
 
 
@@ -128,7 +133,7 @@ def _load_restricted_pickle(path: Path) -> Any:
             obj = RestrictedUnpickler(f, encoding="latin1").load()
     except pickle.UnpicklingError as e:
         if str(e).startswith("refused to load global"):
-            raise ValueError(
+            raise WinposError(
                 f"checkpoint '{path}' contains pickled code/objects that winpos won't execute ({e}); only numpy "
                 f"arrays and plain containers are accepted from pickles. If you trust the file, "
                 + _CONVERT_HINT.format(loader=_PICKLE_LOADER)
@@ -140,9 +145,38 @@ def _load_restricted_pickle(path: Path) -> Any:
     return _to_torch(obj)
 
 
+_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"GIF8", "a GIF image"),
+    (b"BM", "a BMP image"), (b"RIFF", "a RIFF (WebP/WAV) file"), (b"%PDF", "a PDF document"),
+    (b"\x1f\x8b", "a gzip archive (unpack it first)"), (b"7z\xbc\xaf", "a 7-zip archive (unpack it first)"),
+    (b"\x7fELF", "an executable"), (b"\x89HDF", "an HDF5 file (Keras/TF weights; convert them to PyTorch first)"),
+)
+
+
+def sniff_file_kind(path) -> str | None:
+    """What a file that is not a checkpoint looks like (``"a PNG image"``, ``"an HTML page"``, ...), or None."""
+    with open(path, "rb") as f:
+        head = f.read(512)
+    for magic, kind in _MAGIC:
+        if head.startswith(magic):
+            return kind
+    text = head.lstrip().lower()
+    if text.startswith((b"<!doctype html", b"<html")):
+        return "an HTML page (a download that returned a web page: use the direct file link)"
+    if text.startswith(b"version https://git-lfs"):
+        return "a Git LFS pointer (run `git lfs pull` to fetch the real file)"
+    if head and all(32 <= b < 127 or b in b"\r\n\t" for b in head):
+        return "a text file"
+    return None
+
+
 def _corrupt(path: Path, err: BaseException) -> ValueError:
     size = path.stat().st_size
-    return ValueError(
+    kind = sniff_file_kind(path)
+    if kind:
+        return WinposError(f"checkpoint '{path}' ({size} bytes) is {kind}, not a checkpoint; pass the weights file "
+                           "(.pth, .pt, .pkl or .safetensors)")
+    return WinposError(
         f"checkpoint '{path}' ({size} bytes) could not be read: it looks truncated or corrupt "
         f"({type(err).__name__}: {str(err).split('. ')[0][:200] or 'unexpected end of data'}); download or save it "
         "again and compare its size/checksum with the source"
@@ -165,7 +199,7 @@ def _load_torch(path: Path) -> Any:
             found = f" (it refers to {sorted(set(bad))[:8]})" if bad else ""
         except Exception:  # noqa: BLE001 - only used to enrich the message
             pass
-        raise ValueError(
+        raise WinposError(
             f"checkpoint '{path}' contains pickled code/objects that winpos won't execute{found}; "
             f"torch.load(weights_only=True) refused it. If you trust the file, "
             + _CONVERT_HINT.format(loader=_TORCH_LOADER)
@@ -202,7 +236,7 @@ def load_checkpoint_object(path: str | os.PathLike) -> Any:
     if ext in SAFETENSORS_EXTS:
         return _load_safetensors(path)
     if ext not in TORCH_EXTS + PICKLE_EXTS:
-        raise ValueError(
+        raise WinposError(
             f"checkpoint '{path}' has an unknown extension '{path.suffix}'; winpos reads "
             f"{', '.join(TORCH_EXTS + PICKLE_EXTS + SAFETENSORS_EXTS)}: rename the file if it is one of these"
         )
@@ -225,7 +259,7 @@ def unwrap_state_dict(obj: Any, source: str = "checkpoint") -> dict[str, torch.T
     detectron2, ``state_dict``, ``module``, Caffe2-style ``blobs``) and keeps the tensor entries only.
     """
     if not isinstance(obj, dict):
-        raise ValueError(f"{source} holds a {type(obj).__name__}, not a dict of tensors; save the model's "
+        raise WinposError(f"{source} holds a {type(obj).__name__}, not a dict of tensors; save the model's "
                          "state_dict() rather than the model object")
     for key in CONTAINER_KEYS:
         inner = obj.get(key)
@@ -235,7 +269,7 @@ def unwrap_state_dict(obj: Any, source: str = "checkpoint") -> dict[str, torch.T
     flat = {k: v for k, v in obj.items() if isinstance(k, str) and isinstance(v, torch.Tensor)}
     if not flat:
         sample = [str(k) for k in list(obj.keys())[:12]]
-        raise ValueError(f"{source} has no tensors at the top level or under {list(CONTAINER_KEYS)}; its keys "
+        raise WinposError(f"{source} has no tensors at the top level or under {list(CONTAINER_KEYS)}; its keys "
                          f"are {sample}: pass a file saved with torch.save(model.state_dict())")
     return flat
 
@@ -244,3 +278,16 @@ def load_state_dict_file(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Load a checkpoint file and return its flat ``name -> Tensor`` state dict (container unwrapped)."""
     return unwrap_state_dict(load_checkpoint_object(path), source=f"checkpoint '{path}'")
 
+
+
+def check_finite_state_dict(state_dict, source: str = "checkpoint") -> None:
+    """Raise a WinposError naming the tensors of ``state_dict`` that hold NaN or inf (at most 5 named).
+
+    Such weights would load silently and turn every output into NaN (or stop training at its first step).
+    """
+    bad = [k for k, v in state_dict.items() if isinstance(v, torch.Tensor) and (v.is_floating_point() or
+           v.is_complex()) and v.numel() and not bool(torch.isfinite(v).all())]
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise WinposError(f"{source} has NaN/inf values in {len(bad)} tensors ({', '.join(bad[:5])}{more}); the "
+                          "file is corrupt or was saved after training diverged: use an earlier checkpoint")

@@ -1,4 +1,5 @@
-"""Load detectron2 ViTDet, segment-anything ``ImageEncoderViT`` and MAE ViT weights into ``winpos`` ``ViTDet``.
+"""Load detectron2 ViTDet, segment-anything ``ImageEncoderViT``, MAE ViT and winpos's own ViTDet weights into
+``winpos`` ``ViTDet``.
 
 Each converter maps a source state dict onto the parameter names and the position encodings of a *target*
 model and returns ``(state_dict, LoadReport)``; ``load_vitdet_weights`` also loads it. What the target asks
@@ -12,6 +13,9 @@ for decides the conversions:
   embedding the residual (zeros for a 14x14 source). Resizing a non-zero residual to the target's global grid is
   lossy and reported under ``reshaped``.
 - ``pos_embed="none"``: the source embedding is ignored (reported).
+- A winpos ViTDet checkpoint converts between every ``pos_embed`` choice: ``abs`` as above; abs-win to abs-win
+  copies the window embedding and resizes the global one only when its grid differs (reported); abs-win to
+  ``abs`` materializes the embedding on the target's pretraining grid (reported under ``reshaped``).
 - Relpos tables are copied where the target block has them, linearly resampled when their length differs (a new
   window or training size), and dropped where the target block has another position term (the ``paper`` recipe).
 
@@ -27,14 +31,15 @@ import torch
 import torch.nn as nn
 
 from winpos.checkpoints.report import LoadReport
-from winpos.posemb.abswin import abs_to_abswin
+from winpos.posemb.abswin import abs_to_abswin, abswin_embedding
 from winpos.posemb.interp import resize_grid
 from winpos.posemb.relpos import resample_rel_table
 
 __all__ = ["detect_source", "convert_detectron2_vit", "convert_sam_image_encoder",
-           "convert_mae_vit", "convert_to_vitdet", "load_vitdet_weights", "load_vitdet_checkpoint"]
+           "convert_mae_vit", "convert_winpos_vitdet", "convert_to_vitdet", "load_vitdet_weights", "load_vitdet_checkpoint"]
 
-SOURCES = ("detectron2", "sam", "mae")
+SOURCES = ("detectron2", "sam", "mae", "winpos")
+WINPOS_POS_KEYS = ("pos_embed.pos_embed", "pos_embed.window_embed", "pos_embed.global_embed")
 _CONTAINERS = ("model", "state_dict", "model_state", "module")
 _REL = re.compile(r"^blocks\.(\d+)\.attn\.rel_pos_([hw])$")
 # Keys that are new in winpos and may keep their initialization when a checkpoint lacks them.
@@ -66,8 +71,10 @@ def _flat_state_dict(obj) -> dict[str, torch.Tensor]:
 
 
 def detect_source(state_dict) -> str:
-    """Guess the checkpoint family: ``"sam"``, ``"mae"`` or ``"detectron2"``."""
+    """Guess the checkpoint family: ``"sam"``, ``"mae"``, ``"winpos"`` or ``"detectron2"``."""
     sd = _flat_state_dict(state_dict)
+    if any(k in sd for k in WINPOS_POS_KEYS):
+        return "winpos"
     if any(k.startswith("image_encoder.") or ".mlp.lin1." in k or k.startswith("neck.") for k in sd):
         return "sam"
     pos = sd.get("pos_embed", sd.get("backbone.net.pos_embed"))
@@ -270,6 +277,68 @@ def _route_sam(conv: _Converter, name: str, value: torch.Tensor, key: str) -> No
         _trunk(conv, name.replace(".mlp.lin1.", ".mlp.fc1.").replace(".mlp.lin2.", ".mlp.fc2."), value, key)
 
 
+def _winpos_abswin_to_target(conv: _Converter, g: torch.Tensor, w: torch.Tensor, gkey: str, wkey: str) -> None:
+    """A winpos abs-win pair (global ``g``, window ``w``) -> the target's embedding."""
+    model, kind = conv.model, conv.model.pos_embed_kind
+    if kind == "none":
+        for key in (gkey, wkey):
+            conv.report.add_unexpected(key, "the target has pos_embed='none'; the embedding is dropped")
+        return
+    C = model.embed_dim
+    for key, t in ((gkey, g), (wkey, w)):
+        if t.dim() != 4 or t.shape[:2] != (1, C):
+            raise _shape_error(key, (1, C, "h", "w"), t.shape, "embed_dim differs: build the matching preset")
+    if kind == "abs":
+        emb = model.pos_embed
+        h, w_ = emb.pretrain_hw
+        flat = abswin_embedding(g.float(), w.float(), (h, w_)).to(g.dtype).flatten(2).transpose(1, 2)
+        if emb.has_cls:
+            flat = torch.cat([flat.new_zeros(1, 1, C), flat], dim=1)
+        conv.out["pos_embed.pos_embed"] = flat
+        conv.report.add_reshaped("pos_embed.pos_embed", f"abs-win ({gkey} + tiled {wkey}) materialized on the "
+                                                        f"{h}x{w_} pretraining grid of the target's abs embedding")
+        return
+    wkey_t, gkey_t = "pos_embed.window_embed", "pos_embed.global_embed"
+    if tuple(w.shape) != tuple(conv.target[wkey_t].shape):
+        raise _shape_error(wkey, conv.target[wkey_t].shape, w.shape, "the window size differs: build the target "
+                           "with the checkpoint's window_size")
+    conv.out[wkey_t] = w
+    conv.report.add_matched(wkey_t)
+    want = tuple(conv.target[gkey_t].shape[-2:])
+    if tuple(g.shape[-2:]) == want:
+        conv.out[gkey_t] = g
+        conv.report.add_matched(gkey_t)
+    else:
+        antialias = want[0] < g.shape[-2] or want[1] < g.shape[-1]
+        conv.out[gkey_t] = resize_grid(g.float(), want, antialias=antialias).to(g.dtype)
+        conv.report.add_reshaped(gkey_t, f"global embedding resized {tuple(g.shape[-2:])} -> {want} (bicubic; lossy: "
+                                         f"build with abswin_global_size={tuple(g.shape[-2:])} to keep it exact)")
+
+
+def convert_winpos_vitdet(state_dict, model: nn.Module):
+    """A winpos ``ViTDet`` state dict (any ``pos_embed`` choice) -> ``model`` (any ``pos_embed`` choice).
+
+    Trunk tensors are checked against the target's shapes, relpos tables resampled where their length differs,
+    and the token embedding converted as the module docstring says. Returns ``(state_dict, LoadReport)``.
+    """
+    sd = _flat_state_dict(state_dict)
+    conv = _Converter(model, "winpos")
+    pos = {k: v for k, v in sd.items() if k in WINPOS_POS_KEYS}
+    for key, value in sd.items():
+        if key not in pos:
+            _trunk(conv, key, value, key)
+    if "pos_embed.pos_embed" in pos:
+        grid, cls = _split_flat(pos["pos_embed.pos_embed"], "pos_embed.pos_embed")
+        conv.pos_embed(grid, cls, "flat", "pos_embed.pos_embed")
+    elif pos:
+        if "pos_embed.window_embed" not in pos or "pos_embed.global_embed" not in pos:
+            raise ValueError(f"the checkpoint has {sorted(pos)} but an abs-win embedding needs both "
+                             "pos_embed.global_embed and pos_embed.window_embed; the file is incomplete")
+        _winpos_abswin_to_target(conv, pos["pos_embed.global_embed"], pos["pos_embed.window_embed"],
+                                 "pos_embed.global_embed", "pos_embed.window_embed")
+    return conv.finish()
+
+
 def convert_detectron2_vit(state_dict, model: nn.Module):
     """detectron2 ``ViT`` weights (``backbone.net.`` prefix optional; ``.pkl`` numpy or ``.pth``) -> ``model``.
 
@@ -302,11 +371,12 @@ def convert_sam_image_encoder(state_dict, model: nn.Module):
                     outside="SAM prompt encoder / mask decoder, not part of the image encoder")
 
 
-_CONVERTERS = {"detectron2": convert_detectron2_vit, "sam": convert_sam_image_encoder, "mae": convert_mae_vit}
+_CONVERTERS = {"detectron2": convert_detectron2_vit, "sam": convert_sam_image_encoder, "mae": convert_mae_vit,
+               "winpos": convert_winpos_vitdet}
 
 
 def convert_to_vitdet(state_dict, model: nn.Module, source: str = "auto"):
-    """Dispatch on ``source`` in ``("auto", "detectron2", "sam", "mae")``; returns ``(state_dict, report)``."""
+    """Dispatch on ``source`` in ``("auto", "detectron2", "sam", "mae", "winpos")``; returns ``(state_dict, report)``."""
     if source == "auto":
         source = detect_source(state_dict)
     if source not in _CONVERTERS:

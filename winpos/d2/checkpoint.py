@@ -1,9 +1,10 @@
 """Checkpoints for training: atomic periodic saves, safe loads, exact RNG resume, and ``train.init_checkpoint``
 from any format winpos can import.
 
-- ``WinposCheckpointer`` (a ``DetectionCheckpointer``) writes ``model_XXXXXXX.pth`` to a temp file and renames it
-  into place, then rewrites ``last_checkpoint`` the same way, so an interrupted save leaves at most a stray
-  ``*.tmp`` file and ``last_checkpoint`` only ever names complete files. Every file is read with
+- ``WinposCheckpointer`` (a ``DetectionCheckpointer``) writes ``model_XXXXXXX.pth`` and then ``last_checkpoint``
+  through ``winpos.outputs.atomic_write``, so ``last_checkpoint`` only ever names complete files and an
+  interrupted save leaves no partial file (temp files of a killed process, possible only on systems without
+  ``O_TMPFILE``, are removed when the next checkpointer opens the folder). Every file is read with
   ``winpos.checkpoints.io.load_checkpoint_object`` (``torch.load(weights_only=True)``, safetensors, or a
   restricted unpickler for detectron2 ``.pkl`` files): no code in a checkpoint is ever executed.
 - ``RNGState`` is a checkpointable holding the torch / CUDA / numpy / Python RNG states, so a resumed run draws
@@ -11,6 +12,7 @@ from any format winpos can import.
 - ``load_init_checkpoint`` loads a detector checkpoint (winpos or detectron2 names) through detectron2's loader,
   and anything else (MAE, detectron2 ViTDet zoo, SAM, Hiera, SAM2, timm) into the backbone through
   ``winpos.checkpoints.vitdet`` / ``winpos.checkpoints.hiera``, loading the detector parts that match by name.
+  A missing file, a file with NaN/inf weights, or one that fits nothing is refused with a ``WinposError``.
 """
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from detectron2.checkpoint import DetectionCheckpointer
 from detectron2.utils import comm
 
 from winpos.backbones import HieraDet, ViTDet
-from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
+from winpos.checkpoints.io import check_finite_state_dict, load_checkpoint_object, unwrap_state_dict
+from winpos.errors import MissingInputError, WinposError
+from winpos.outputs import atomic_write, remove_stale_temps
 
 __all__ = ["WinposCheckpointer", "RNGState", "load_init_checkpoint", "split_checkpoint_url"]
 
@@ -40,7 +44,7 @@ def split_checkpoint_url(path: str) -> tuple[str, bool]:
     query = parse_qs(parsed.query)
     unknown = set(query) - {"matching_heuristics"}
     if unknown:
-        raise ValueError(f"unsupported query {sorted(unknown)} in checkpoint path {path!r}; only "
+        raise WinposError(f"unsupported query {sorted(unknown)} in checkpoint path {path!r}; only "
                          "'?matching_heuristics=True' is understood")
     return parsed._replace(query="").geturl(), query["matching_heuristics"][0].lower() == "true"
 
@@ -48,7 +52,7 @@ def split_checkpoint_url(path: str) -> tuple[str, bool]:
 def _normalize(obj, path) -> dict:
     """Put a loaded file into detectron2's checkpoint layout ``{"model": sd, ...}``."""
     if not isinstance(obj, dict):
-        raise ValueError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict; save a state_dict")
+        raise WinposError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict; save a state_dict")
     if "__author__" in obj and isinstance(obj.get("model"), dict):  # detectron2 model zoo
         return {"model": obj["model"], "__author__": obj["__author__"], "matching_heuristics": True}
     if isinstance(obj.get("blobs"), dict):  # Caffe2 / Detectron1
@@ -64,6 +68,12 @@ def _normalize(obj, path) -> dict:
 class WinposCheckpointer(DetectionCheckpointer):
     """``DetectionCheckpointer`` with atomic saves and safe loads (see module docstring)."""
 
+    def __init__(self, model, save_dir: str = "", **kwargs):
+        super().__init__(model, save_dir, **kwargs)
+        if self.save_dir and self.save_to_disk and os.path.isdir(self.save_dir):
+            for p in remove_stale_temps(self.save_dir):
+                self.logger.info(f"removed {p}, left by an interrupted save")
+
     def save(self, name: str, **kwargs) -> None:
         if not self.save_dir or not self.save_to_disk:
             return
@@ -74,36 +84,21 @@ class WinposCheckpointer(DetectionCheckpointer):
         basename = f"{name}.pth"
         save_file = os.path.join(self.save_dir, basename)
         self.logger.info(f"Saving checkpoint to {save_file}")
-        _atomic_write(save_file, lambda f: torch.save(data, f), "wb")
+        atomic_write(save_file, lambda f: torch.save(data, f), "wb")
         self.tag_last_checkpoint(basename)
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
-        _atomic_write(os.path.join(self.save_dir, "last_checkpoint"),
-                      lambda f: f.write(last_filename_basename), "w")
+        atomic_write(os.path.join(self.save_dir, "last_checkpoint"), lambda f: f.write(last_filename_basename), "w")
 
     def get_checkpoint_file(self) -> str:
         path = super().get_checkpoint_file()
         if path and not os.path.isfile(path):
-            raise ValueError(f"{os.path.join(self.save_dir, 'last_checkpoint')} names {path}, which does not exist; "
+            raise WinposError(f"{os.path.join(self.save_dir, 'last_checkpoint')} names {path}, which does not exist; "
                              "restore the file, or delete last_checkpoint to start over")
         return path
 
     def _load_file(self, filename: str) -> dict:
         return _normalize(load_checkpoint_object(filename), filename)
-
-
-def _atomic_write(path: str, write, mode: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 class RNGState:
@@ -145,7 +140,7 @@ class RNGState:
 def _winpos_net(model) -> tuple[str, torch.nn.Module]:
     nets = [(n, m) for n, m in model.named_modules() if isinstance(m, (ViTDet, HieraDet))]
     if len(nets) != 1:
-        raise ValueError(f"expected exactly one winpos backbone in the model to load a backbone checkpoint into, "
+        raise WinposError(f"expected exactly one winpos backbone in the model to load a backbone checkpoint into, "
                          f"found {len(nets)}: {[n for n, _ in nets]}")
     return nets[0]
 
@@ -158,7 +153,8 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     Anything else is a backbone (or foreign detector) checkpoint: it is converted by the winpos importer of the
     model's backbone, and the tensors whose names and shapes match the model outside the backbone (e.g. the
     pyramid and heads of a detectron2 ViTDet zoo model) are loaded as they are.
-    Raises ValueError when nothing in the file fits the model.
+    Raises WinposError (a ValueError; ``MissingInputError``, also a FileNotFoundError, for a missing file) when the
+    file does not exist, holds NaN/inf weights, or nothing in it fits the model.
     """
     if not path:
         return "no init_checkpoint: training from scratch"
@@ -166,10 +162,18 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     model = getattr(model, "module", model)  # DDP
     local, heuristics = split_checkpoint_url(path)
     if not os.path.isfile(local):
-        local = checkpointer.path_manager.get_local_path(local)
+        try:
+            local = checkpointer.path_manager.get_local_path(local)
+        except Exception as e:  # noqa: BLE001 - iopath raises its own errors for unknown schemes
+            raise MissingInputError(f"checkpoint {path!r} does not exist ({type(e).__name__}); check the path given "
+                                    "as --checkpoint or train.init_checkpoint") from e
+        if not os.path.isfile(local):
+            raise MissingInputError(f"checkpoint {path!r} does not exist (cwd is {os.getcwd()}); check the path given "
+                                    "as --checkpoint or train.init_checkpoint")
     obj = load_checkpoint_object(local)
     checkpoint = _normalize(obj, local)
     sd = checkpoint["model"]
+    check_finite_state_dict(sd, f"checkpoint {path}")
     own = model.state_dict()
     fits = {k for k, v in sd.items() if isinstance(v, torch.Tensor) and k in own and tuple(v.shape) == own[k].shape}
     if sd and len(fits) >= min_match * len(sd):
@@ -196,7 +200,7 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     if outside:
         model.load_state_dict(outside, strict=False)
     if loaded == 0:
-        raise ValueError(f"{path} matched no parameter of the model's backbone ({type(net).__name__}) nor the "
+        raise WinposError(f"{path} matched no parameter of the model's backbone ({type(net).__name__}) nor the "
                          "detector; check that it is a checkpoint of this architecture and size")
     msg = (f"loaded {path} into the backbone via the winpos importer ({report.source}): {loaded} backbone tensors, "
            f"plus {len(outside)} detector tensors by name\n{report.summary()}")
