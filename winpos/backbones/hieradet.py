@@ -269,11 +269,14 @@ _SIZES = {
                        window_spec=(8, 4, 16, 8), pos_global_size=7, pos_base_hw=64),
 }
 
+_LOOKHERE = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
 RECIPES = {
     "original": dict(pos_embed="abswin", window_pos="none", global_pos="none"),  # SAM2
     "paper": dict(pos_embed="abswin_recursive", window_pos="none", global_pos="relpos"),  # Bolya et al.
     "rope": dict(pos_embed="abswin", window_pos="rope", global_pos="rope"),
-    "lookhere": dict(pos_embed="none", window_pos="lookhere", global_pos="lookhere"),
+    # LookHere-45 with winpos's spread head layout (the one earlier recipe models used; the authors lay out only 6,
+    # 12 and 16 heads, and differ from it at 16, Hiera-B+/L's last stage).
+    "lookhere": dict(pos_embed="none", window_pos=_LOOKHERE, global_pos=_LOOKHERE),
 }
 
 

@@ -230,7 +230,9 @@ SIZES = {
     "vitdet_h": dict(embed_dim=1280, depth=32, num_heads=16, global_blocks=(7, 15, 23, 31), drop_path_rate=0.5),
 }
 
-_LOOKHERE_45 = {"kind": "lookhere", "lookhere": {"variant": "45"}}
+# LookHere-45 with winpos's spread head layout, which earlier recipe models were trained with: the same as the
+# authors' layout for ViT-B's 12 heads, different for ViT-L/H's 16 (build with layout="official" for theirs).
+_LOOKHERE_45 = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
 
 # original: detectron2 as shipped; paper: abs-win with relpos kept only in global blocks (Bolya et al. §2.4);
 # rope: abs-win + axial RoPE everywhere; lookhere: no token embedding, LookHere-45 in every block.
