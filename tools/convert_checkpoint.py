@@ -17,7 +17,7 @@ from pathlib import Path
 from winpos.errors import ArgumentParser, WinposError, positive_int, run_cli
 
 SUFFIXES = (".safetensors", ".pth", ".pt")
-FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae")
+FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae", "lookhere")
 POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
 
 

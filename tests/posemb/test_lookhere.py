@@ -442,8 +442,9 @@ def official_head_slopes(names):
     return np.array(out)
 
 
-def official_bias(cfg, grid, depth, num_heads):
-    """(depth, heads, N, N) bf16, the authors' value layout: masked entries are -bf16 max, not -inf."""
+def official_bias(cfg, grid, depth, num_heads, rounded=True):
+    """(depth, heads, N, N) bf16, the authors' value layout: masked entries are -bf16 max, not -inf. ``rounded=False``
+    returns the float64 values before their bf16 cast."""
     gy, gx = grid
     y, x = np.meshgrid(np.arange(gy), np.arange(gx), indexing="ij")
     y, x = y.reshape(-1).astype(float), x.reshape(-1).astype(float)
@@ -457,7 +458,7 @@ def official_bias(cfg, grid, depth, num_heads):
     with np.errstate(invalid="ignore"):
         lh = cfg["global_slope"] * layer * lh[None]  # 0 * inf = nan where a slope is 0
     lh = np.nan_to_num(lh, nan=0.0, posinf=BF16_MAX)
-    return torch.tensor(lh, dtype=torch.bfloat16) * -1.0
+    return torch.tensor(lh, dtype=torch.bfloat16 if rounded else torch.float64) * -1.0
 
 
 def parity(cfg, grid, num_heads, depth, layers):

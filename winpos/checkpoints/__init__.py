@@ -1,9 +1,11 @@
-"""Import the checkpoints people already have (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, winpos).
+"""Import the checkpoints people already have (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, the LookHere
+authors' ViT-B, winpos).
 
 Every file is read as data (``torch.load(weights_only=True)``, safetensors, or a restricted unpickler for
 detectron2's ``.pkl``), then renamed and, where the target asks for it, converted (abs -> abs-win exactly, relpos
-tables resampled). ``load_external`` is the one entry point; the per-family converters live in ``hiera.py`` and
-``vitdet.py``. Every converter says what it did with each key in a ``LoadReport`` (``report.py``).
+tables resampled). ``load_external`` is the one entry point; the per-family converters live in ``hiera.py``,
+``vitdet.py`` and ``lookhere.py`` (the LookHere authors' files, detected by their ``weights`` / ``config`` layout).
+Every converter says what it did with each key in a ``LoadReport`` (``report.py``).
 
 ``load_external`` also accepts winpos's own files, backbone-only or a whole winpos detector (``model_final.pth``:
 the trunk is found under its ``backbone.`` prefix, the other keys are reported), and converts them between every
@@ -21,7 +23,7 @@ from winpos.checkpoints.io import (check_finite_state_dict, load_checkpoint_obje
 from winpos.checkpoints.report import LoadReport
 from winpos.errors import WinposError
 
-FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae")
+FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae", "lookhere")
 _HIERA_FORMATS = ("sam2", "hiera", "timm_abswin", "winpos")
 _VIT_FORMATS = ("detectron2", "sam", "mae")
 _FOREIGN_PREFIXES = ("image_encoder.trunk.", "image_encoder.")  # SAM2 / SAM containers, handled by the converters
@@ -71,9 +73,13 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
 
     if format not in FORMATS:
         raise WinposError(f"unknown checkpoint format {format!r}; choose one of {', '.join(FORMATS)}")
-    model = _resolve_target(target, recipe, overrides)
     obj = load_checkpoint_object(path_or_state_dict) if isinstance(path_or_state_dict, (str, os.PathLike)) \
         else path_or_state_dict
+    from winpos.checkpoints.lookhere import convert_lookhere_checkpoint, is_lookhere_checkpoint
+
+    if format == "lookhere" or (format == "auto" and is_lookhere_checkpoint(obj)):  # authors' LookHere ViT-B
+        return convert_lookhere_checkpoint(obj, target, recipe=recipe, strict=strict, **overrides)
+    model = _resolve_target(target, recipe, overrides)
     is_hiera, is_vit = isinstance(model, HieraDet), isinstance(model, ViTDet)
     if not (is_hiera or is_vit):
         raise WinposError(f"load_external converts into HieraDet or ViTDet, not {type(model).__name__}")

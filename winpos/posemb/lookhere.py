@@ -653,7 +653,8 @@ class LookHere(nn.Module):
         return classes
 
     def extra_repr(self) -> str:
-        layout = f"head_directions={self.shorthand!r}" if self.shorthand else f"layout='spread', variant={self.variant!r}"
+        layout = (f"head_directions={self.shorthand!r}" if self.shorthand
+                  else f"layout='spread', variant={self.variant!r}")
         return (f"num_heads={self.num_heads}, {layout}, layer_index={self.layer_index}, num_layers={self.num_layers}, "
                 f"global_slope={self.global_slope} (authors' units), layer_slopes={self.layer_slopes}, "
                 f"heads={','.join('&'.join(p) if p else 'none' for p in self._planes)}")
