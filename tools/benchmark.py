@@ -14,25 +14,45 @@
     python tools/benchmark.py kernels [ARGS of winpos.kernels.bench, e.g. --json out.json --reps 10]
         # Triton window attention vs SDPA (GPU); without CUDA it says so and runs its --dry-run
 
-Options after every subcommand but kernels: --json OUT (every number; not measured = null), --threads N (torch
-intra-op threads, default 2), --warmup N (untimed calls first, default 1). backbone, posemb and scaling also take
+Options after every subcommand but kernels: --json OUT (every number; not measured = null; an existing file is
+replaced only with --force), --threads N (torch intra-op threads, default 2), --warmup N (untimed calls first,
+default 1). backbone, posemb and scaling also take
 --repeats N and --no-memory (skip the peak memory, which on CPU spawns one process per row). The report goes to
-stdout as markdown tables, progress bars to stderr (TQDM_DISABLE=1 hides them).
+stdout as markdown tables, progress bars to stderr (TQDM_DISABLE=1 hides them). Every argument is checked before
+any timing starts; a bad one gets one "error:" line and exit status 2.
 """
 import argparse
+import json
 import sys
 
 import torch
 
-from winpos.bench.timing import write_json
+from winpos.errors import WinposError, nonnegative_int, positive_int, run_cli
 
 
 def _device(name: str) -> str:
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA GPU is available; use --device cpu (or auto)")
+        raise WinposError("--device cuda: no CUDA GPU is available; use --device cpu (or auto)")
     return name
+
+
+def _sizes(text: str):
+    from winpos.bench.scaling import parse_sizes
+
+    try:
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _write_json(path, result) -> None:
+    from winpos.bench.timing import _finite
+    from winpos.outputs import atomic_write
+
+    atomic_write(path, lambda f: json.dump(_finite(result), f, indent=2, allow_nan=False), "w")
+    print(f"\nwrote {path}")
 
 
 def _csv(text: str) -> list[str]:
@@ -40,7 +60,10 @@ def _csv(text: str) -> list[str]:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (a median needs one timed call), got {value}")
     return value
@@ -49,8 +72,10 @@ def _positive(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", default=None, help="write every number to this JSON file")
-    common.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default 2)")
-    common.add_argument("--warmup", type=int, default=1, help="untimed calls of each function first (default 1)")
+    common.add_argument("--force", action="store_true", help="replace an existing --json (or --plot) file")
+    common.add_argument("--threads", type=positive_int, default=2, help="torch intra-op threads (default 2)")
+    common.add_argument("--warmup", type=nonnegative_int, default=1,
+                        help="untimed calls of each function first (default 1)")
     memory = argparse.ArgumentParser(add_help=False)
     memory.add_argument("--memory", action=argparse.BooleanOptionalAction, default=True,
                         help="measure peak memory of one call per row (default on; --no-memory for a quick run)")
@@ -63,22 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rows", type=_csv, default=None, metavar="TEXT[,TEXT]",
                    help="only rows whose name contains one of these (case-insensitive), with their peers; e.g. "
                         "--rows 'ViTDet-B paper' times it against detectron2's ViT-B only")
-    p.add_argument("--size", type=int, default=1024, help="square input size in px")
+    p.add_argument("--size", type=positive_int, default=1024, help="square input size in px")
     p.add_argument("--repeats", type=_positive, default=5)
     p.add_argument("--bf16", action="store_true", help="also time bf16 autocast")
     p.add_argument("--flops", action=argparse.BooleanOptionalAction, default=True, help="count fvcore GFLOPs")
-    p.add_argument("--profile", type=int, default=0, metavar="N",
+    p.add_argument("--profile", type=nonnegative_int, default=0, metavar="N",
                    help="top-N ops (torch.profiler self time) of each winpos row and its peer (default 0: off)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
 
     p = sub.add_parser("posemb", parents=[common, memory], help="winpos relpos vs materialized relpos")
-    p.add_argument("--size", type=int, default=1024, help="image size in px of the ViTDet-B global block "
+    p.add_argument("--size", type=positive_int, default=1024, help="image size in px of the ViTDet-B global block "
                    "(tokens = size / 16 per side)")
     p.add_argument("--repeats", type=_positive, default=5)
 
     p = sub.add_parser("scaling", parents=[common, memory], help="time / memory vs input size")
     p.add_argument("--preset", default="vitdet_b", help="a ViTDet preset (vitdet_tiny, vitdet_b, vitdet_l, ...)")
-    p.add_argument("--sizes", default="256,384,512,512x768,768", help="comma-separated H or HxW in px")
+    p.add_argument("--sizes", type=_sizes, default="256,384,512,512x768,768", help="comma-separated H or HxW in px")
     p.add_argument("--plot", default=None, help="write the plot to this PNG")
     p.add_argument("--repeats", type=_positive, default=2)
 
@@ -98,6 +123,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_outputs(args) -> None:
+    """The output files are checked before any timing: suffix, location, and not replaced without --force."""
+    from winpos.outputs import check_output_file
+
+    if args.json:
+        check_output_file(args.json, force=args.force, flag="--json", suffixes=(".json",))
+    if getattr(args, "plot", None):
+        check_output_file(args.plot, force=args.force, flag="--plot", suffixes=(".png", ".pdf", ".svg"))
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["kernels"]:  # forwarded verbatim: the kernel benchmark has its own flags (--json, --dry-run)
@@ -105,32 +140,39 @@ def main(argv=None) -> int:
 
         return kernels.run(argv[1:])
     args = build_parser().parse_args(argv)
+    _check_outputs(args)
+    if args.what == "posemb" and args.size % 16:
+        raise WinposError(f"--size {args.size} is not a multiple of the patch size 16; pass e.g. --size 1024")
+    if args.what == "scaling":
+        from winpos.bench import scaling
+
+        scaling.check_preset(args.preset)
+    device = _device(args.device) if hasattr(args, "device") else None
     torch.set_num_threads(args.threads)
     if args.what == "backbone":
         from winpos.bench import backbone
 
         result = backbone.run(img_size=args.size, which=args.which, repeats=args.repeats, bf16=args.bf16,
                               flops=args.flops, memory=args.memory, profile=args.profile,
-                              device=_device(args.device), warmup=args.warmup, rows=args.rows)
+                              device=device, warmup=args.warmup, rows=args.rows)
     elif args.what == "posemb":
         from winpos.bench import posemb
 
-        if args.size % 16:
-            raise SystemExit(f"--size {args.size} is not a multiple of the patch size 16")
         result = posemb.run(grid=args.size // 16, repeats=args.repeats, warmup=args.warmup, memory=args.memory)
     elif args.what == "scaling":
         from winpos.bench import scaling
 
-        result = scaling.run(preset=args.preset, sizes=scaling.parse_sizes(args.sizes), repeats=args.repeats,
+        result = scaling.run(preset=args.preset, sizes=args.sizes, repeats=args.repeats,
                              warmup=args.warmup, memory=args.memory, plot_path=args.plot)
     else:
         from winpos.bench import train
 
         result = train.run(which=args.family, encodings=args.encodings, iters=args.iters, warmup=args.warmup,
-                           bf16=args.bf16, overrides=args.opts, device=_device(args.device), seed=args.seed)
-    write_json(args.json, result)
+                           bf16=args.bf16, overrides=args.opts, device=device, seed=args.seed)
+    if args.json:
+        _write_json(args.json, result)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -6,27 +6,36 @@ official pycocotools, optionally at several test sizes (JSON + PNG plot of AP vs
     tools/eval_coco.py --config-file CFG --checkpoint W --sizes 512,768,1024 --fps --output eval_out/
     tools/eval_coco.py --config-file CFG --checkpoint W --dataset mine=ann.json:images --test-dataset mine
 
-The logic is in winpos.d2.evaluate.
+Weights are required. Results already in --output are replaced only with --force. Flags go before the key=value
+overrides. Bad input: one "error:" line and exit status 2. The logic is in winpos.d2.evaluate.
 """
-import argparse
 import json
 import sys
 
+from winpos.errors import ArgumentParser, int_list, quiet_third_party_warnings, run_cli
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+def build_parser():
+    import argparse
+
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config-file", required=True)
     parser.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
                         help="register a COCO-format dataset first (repeatable)")
     parser.add_argument("--test-dataset", default=None, help="dataset to evaluate (default: the config's test set)")
-    parser.add_argument("--sizes", default=None, help="comma-separated test sizes, e.g. 512,768,1024")
+    parser.add_argument("--sizes", type=int_list, default=None, help="comma-separated test sizes, e.g. 512,768,1024")
     parser.add_argument("--fps", action="store_true", help="also measure images/s at batch 1")
     parser.add_argument("--output", default=None, help="output folder (default: <train.output_dir>/eval)")
+    parser.add_argument("--force", action="store_true", help="replace results already in the output folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value")
-    args = parser.parse_args(argv)
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value (after every flag)")
+    return parser
 
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    quiet_third_party_warnings()
     from detectron2.utils.logger import setup_logger
 
     from winpos.d2.engine import register_cli_datasets
@@ -35,15 +44,12 @@ def main(argv=None):
     setup_logger(name="winpos")
     setup_logger(name="detectron2")
     register_cli_datasets(args.dataset)
-    sizes = [int(s) for s in args.sizes.split(",") if s.strip()] if args.sizes else None
-    results = evaluate_checkpoint(args.config_file, args.checkpoint, overrides=args.opts, sizes=sizes,
+    results = evaluate_checkpoint(args.config_file, args.checkpoint, overrides=args.opts, sizes=args.sizes,
                                   fps=args.fps, output_dir=args.output, test_dataset=args.test_dataset,
-                                  progress=not args.no_progress)
+                                  progress=not args.no_progress, force=args.force)
     print(json.dumps(results, indent=1))
+    return 0
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    sys.exit(run_cli(main))

@@ -8,52 +8,51 @@
 
     python tools/posemb_viz.py doctor CONFIG_OR_PRESET [--image-size N] [--recipe R] [key=value ...]
         Says whether the model interpolates an absolute embedding under window attention at that size, which blocks
-        are affected, and the fix. Exit status 1 when the bug is present.
+        are affected, and the fix. Exit status 1 when the bug is present. Overrides are strict, as in train_net.py.
+
+Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0): one
+"error:" line and exit status 2.
 """
 import argparse
 import sys
 
+from winpos.errors import ArgumentParser, int_list, positive_int, run_cli
+
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plot", help="measure and plot checkpoints")
     p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--sizes", default="", help="target image sizes in px, comma separated (default: per family)")
-    p.add_argument("--window", type=int, default=None, help="override the family's window size (tokens)")
+    p.add_argument("--sizes", type=int_list, default=None, help="target image sizes in px, comma separated (default: per family)")
+    p.add_argument("--window", type=positive_int, default=None, help="override the family's window size (tokens)")
     p.add_argument("--family", default="auto")
     p.add_argument("--out", default="output/posemb_viz")
     p.add_argument("--pdf", action="store_true")
     d = sub.add_parser("doctor", help="check a config or preset for the interpolation bug")
     d.add_argument("target", help="a LazyConfig .py file or a backbone preset name")
-    d.add_argument("--image-size", type=int, default=None)
+    d.add_argument("--image-size", type=positive_int, default=None, help="image size in px (default: the model's)")
     d.add_argument("--recipe", default="original", help="recipe for a preset target")
     d.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
-    try:
-        if args.cmd == "plot":
-            from winpos.diagnostics.report import run_posemb_viz
+    if args.cmd == "plot":
+        from winpos.diagnostics.report import run_posemb_viz
 
-            sizes = [int(s) for s in args.sizes.split(",") if s.strip()] or None
-            result = run_posemb_viz(args.checkpoints, args.out, sizes, window=args.window, family=args.family,
-                                    pdf=args.pdf)
-            for ckpt in result.get("checkpoints", []):
-                for emb in ckpt.get("embeddings", []):
-                    for entry in emb.get("targets", []):
-                        if entry.get("verdict"):
-                            print(f"{emb.get('name', ckpt.get('path', ''))}: {entry['verdict']}")
-            print(f"wrote plots and report.json to {args.out}")
-        else:
-            from winpos.diagnostics.doctor import diagnose
+        result = run_posemb_viz(args.checkpoints, args.out, args.sizes, window=args.window, family=args.family,
+                                pdf=args.pdf)
+        for ckpt in result.get("checkpoints", []):
+            for emb in ckpt.get("embeddings", []):
+                for entry in emb.get("targets", []):
+                    if entry.get("verdict"):
+                        print(f"{emb.get('name', ckpt.get('path', ''))}: {entry['verdict']}")
+        print(f"wrote plots and report.json to {args.out}")
+        return 0
+    from winpos.diagnostics.doctor import diagnose
 
-            report = diagnose(args.target, args.image_size, args.recipe, args.overrides)
-            print(report.text())
-            return 0 if report.ok else 1
-    except (ValueError, FileNotFoundError, PermissionError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    report = diagnose(args.target, args.image_size, args.recipe, args.overrides)
+    print(report.text())
+    return 0 if report.ok else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main))

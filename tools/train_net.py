@@ -7,16 +7,30 @@
     tools/train_net.py --config-file CFG --num-gpus 8 dataloader.train.total_batch_size=16
     tools/train_net.py --config-file CFG --dataset mine=ann.json:images dataloader.train.dataset.names=mine
 
-Overrides are strict: a key that does not exist is an error (add one on purpose with +key=value). Runs on the CPU
-when there is no GPU (--num-gpus N then starts N CPU processes over gloo). The logic is in winpos.d2.engine.
+Overrides are strict: a key that does not exist is an error (add one on purpose with +key=value), and a value must
+have the type of the one it replaces. Flags go before the overrides. --eval-only needs train.init_checkpoint
+(or --random-weights to evaluate the untrained model on purpose). Runs on the CPU when there is no GPU (--num-gpus
+N then starts N CPU processes over gloo). Bad input: one "error:" line and exit status 2. The logic is in
+winpos.d2.engine.
 """
 import sys
 
-from winpos.d2.engine import build_parser, launch_main
+from winpos.errors import late_flags, quiet_third_party_warnings, run_cli
+
+
+def main(argv=None):
+    quiet_third_party_warnings()
+    from winpos.d2.engine import build_parser, launch_main
+
+    parser = build_parser(__doc__)
+    args = parser.parse_args(argv)
+    late = late_flags(args.opts) or [o for o in args.opts if o.startswith("--")]
+    if late:
+        parser.error(f"{', '.join(late)} comes after the key=value overrides, which take the rest of the command "
+                     "line; put every flag before the overrides")
+    launch_main(args)
+    return 0
+
 
 if __name__ == "__main__":
-    args = build_parser(__doc__).parse_args()
-    try:
-        launch_main(args)
-    except ValueError as e:  # bad input: one readable line instead of a traceback
-        sys.exit(f"error: {e}")
+    sys.exit(run_cli(main))

@@ -98,7 +98,11 @@ def atomic_write(path, write: Callable, mode: str = "wb") -> None:
             os.close(fd)
         if linked and os.path.lexists(tmp):
             os.remove(tmp)
-        if isinstance(e, OSError) and not isinstance(e, WriteError):
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):  # e.g. torch.save turns it into a RuntimeError
+            cause = cause.__context__
+        if isinstance(e, Exception) and isinstance(cause, OSError) and not isinstance(cause, WriteError):
+            e = cause
             state = "the previous file is unchanged" if os.path.exists(path) else "nothing was written"
             hint = "; free disk space (or raise the file size limit, ulimit -f) and run again" \
                 if e.errno in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", -1)) else ""

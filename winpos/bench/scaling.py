@@ -69,9 +69,24 @@ def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(sizes)
 
 
+def check_preset(preset: str) -> str:
+    """Return ``preset`` if it names a ViTDet preset, else raise a WinposError listing them (the scaling variants
+    are ViTDet recipes)."""
+    from winpos.backbones.registry import PRESETS, _import_models
+    from winpos.errors import WinposError
+
+    _import_models()
+    vit = sorted(p for p in PRESETS if p.startswith("vitdet"))
+    if preset not in vit:
+        raise WinposError(f"--preset {preset!r} is not a ViTDet preset; the scaling variants are ViTDet recipes: "
+                          f"choose one of {', '.join(vit)}")
+    return preset
+
+
 def run(preset="vitdet_b", sizes=DEFAULT_SIZES, repeats=2, warmup=1, memory=True, plot_path=None) -> dict:
     """Time every variant of ``preset`` (a ViTDet preset) at each size; returns the numbers (memory: peak RSS
     growth of one forward, in a spawned process) and the fitted exponents."""
+    check_preset(preset)
     rows, results = [], {"preset": preset, "threads": torch.get_num_threads(), "repeats": repeats, "warmup": warmup,
                          "variants": {}}
     for size in sizes:

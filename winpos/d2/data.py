@@ -96,7 +96,9 @@ def ensure_registered(names, shapes: dict | None = None) -> list[str]:
         registered = set(DatasetCatalog.list())
     missing = [n for n in names if n not in registered]
     if missing:
-        raise ValueError(
+        from winpos.errors import WinposError
+
+        raise WinposError(
             f"dataset(s) {missing} are not registered; register them before training with "
             "winpos.d2.data.register_coco(name, json_file, image_root) (or tools/train_net.py --dataset "
             "NAME=JSON:IMAGE_ROOT), or use the embedded 'shapes_train' / 'shapes_val' (one-class: 'shapes1_*')")
@@ -104,8 +106,20 @@ def ensure_registered(names, shapes: dict | None = None) -> list[str]:
 
 
 def get_dataset_dicts(names, filter_empty: bool = True, shapes: dict | None = None, **kwargs) -> list[dict]:
-    """``get_detection_dataset_dicts(names, filter_empty, **kwargs)`` after ``ensure_registered(names, shapes)``."""
-    return get_detection_dataset_dicts(ensure_registered(names, shapes), filter_empty=filter_empty, **kwargs)
+    """``get_detection_dataset_dicts(names, filter_empty, **kwargs)`` after ``ensure_registered(names, shapes)``.
+
+    A dataset left with no usable image (every entry bad, or none with annotations when ``filter_empty``) raises a
+    WinposError naming it, instead of detectron2's bare assertion.
+    """
+    names = ensure_registered(names, shapes)
+    try:
+        return get_detection_dataset_dicts(names, filter_empty=filter_empty, **kwargs)
+    except AssertionError as e:
+        from winpos.errors import WinposError
+
+        raise WinposError(f"dataset {names} has no usable images ({e}); every entry was dropped as bad or has no "
+                          "annotations: fix the json (the registration warning lists the problems) or choose "
+                          "another dataset") from e
 
 
 def build_lsj_mapper(is_train: bool = True, image_size: int = 1024, min_scale: float = 0.1, max_scale: float = 2.0,

@@ -6,7 +6,12 @@ present, else CPU, and DDP over gloo on CPU), AMP on any device with bf16 or fp1
 clipping, atomic checkpoints with exact resume (model, optimizer, scheduler, RNG states, and the data stream via
 ``build_resumable_train_loader(start_iter=...)``), ``metrics.json`` / TensorBoard trimmed to the resumed
 iteration so they read like one uninterrupted run, ``--dataset NAME=JSON:IMAGE_ROOT`` registration in every
-process, and ``train.init_checkpoint`` in any format the winpos importers read.
+process, and ``train.init_checkpoint`` in any format the winpos importers read (its load report is logged).
+
+``--eval-only`` needs weights (``train.init_checkpoint``) unless ``--random-weights`` asks for the untrained
+model. ``output_dir/config.yaml`` is written (atomically) only when training starts from scratch, after the model,
+its weights and the data loader were built: a resumed run, an evaluation or a start that fails keeps the file of
+the run that is already there.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import os
 
 import torch
 from detectron2.config import instantiate
-from detectron2.engine import create_ddp_model, default_argument_parser, default_setup, hooks, launch
+from detectron2.engine import create_ddp_model, default_argument_parser, hooks, launch
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
@@ -27,8 +32,10 @@ from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpo
 from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
 from winpos.d2.train_loop import WinposTrainer
+from winpos.errors import WinposError
+from winpos.outputs import atomic_write
 
-__all__ = ["build_parser", "setup", "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
+__all__ = ["build_parser", "setup", "check_weights", "save_config", "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
            "main", "launch_main", "trim_metrics", "register_cli_datasets"]
 
 logger = logging.getLogger("winpos")
@@ -37,6 +44,8 @@ logger = logging.getLogger("winpos")
 def build_parser(epilog: str | None = None):
     """detectron2's ``default_argument_parser`` plus ``--dataset NAME=JSON:IMAGE_ROOT`` (repeatable)."""
     parser = default_argument_parser(epilog)
+    parser.add_argument("--random-weights", action="store_true",
+                        help="with --eval-only: evaluate the untrained model on purpose (no train.init_checkpoint)")
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
                         help="register a COCO-format dataset under NAME before the config is used (repeatable); "
                              "bad annotations are skipped and counted")
@@ -49,8 +58,12 @@ def register_cli_datasets(specs) -> None:
         name, eq, rest = spec.partition("=")
         json_file, colon, image_root = rest.rpartition(":") if eq else ("", "", "")
         if not (name and json_file and colon and image_root):
-            raise ValueError(f"--dataset {spec!r} must look like NAME=path/to/instances.json:path/to/images")
+            raise WinposError(f"--dataset {spec!r} must look like NAME=path/to/instances.json:path/to/images")
         report = register_coco(name, json_file, image_root, on_error="skip")
+        if not report.dataset.get("images") or not report.dataset.get("annotations"):
+            raise WinposError(f"--dataset {spec}: no usable {'images' if not report.dataset.get('images') else 'annotations'} "
+                              f"remain after dropping the bad entries ({report.summary()}); fix the json or the image "
+                              "folder")
         if not report.ok:
             logger.warning(f"dataset {name}: {report.summary()}")
 
@@ -61,19 +74,80 @@ def resolve_device(cfg) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device={device!r} but this machine has no usable GPU; set train.device=auto "
+        raise WinposError(f"train.device={device!r} but this machine has no usable GPU; set train.device=auto "
                          "(or cpu) to run on the CPU")
     return device
 
 
 def setup(args):
-    """Load the config with ``args.opts``, resolve the device, register ``args.dataset``, run detectron2's
-    ``default_setup`` (logging, ``config.yaml``, per-rank seed)."""
+    """Load the config with ``args.opts``, resolve the device, register ``args.dataset``, check that an
+    ``--eval-only`` run has weights, and set up logging (detectron2's and winpos's) and the per-rank seed, as
+    detectron2's ``default_setup`` does but without writing ``config.yaml`` (``save_config`` does, later)."""
     register_cli_datasets(getattr(args, "dataset", None))
     cfg = load_config(args.config_file, args.opts)
     cfg.train.device = resolve_device(cfg)
-    default_setup(cfg, args)
+    check_weights(cfg, eval_only=getattr(args, "eval_only", False),
+                  random_weights=getattr(args, "random_weights", False))
+    _default_setup(cfg, args)
     return cfg
+
+
+def check_weights(cfg, eval_only: bool, random_weights: bool = False) -> None:
+    """An evaluation without weights measures an untrained model: refuse it unless ``random_weights``."""
+    checkpoint = OmegaConf.select(cfg, "train.init_checkpoint", default="")
+    if eval_only and not checkpoint and not random_weights:
+        raise WinposError("--eval-only without weights: set train.init_checkpoint=PATH (e.g. output_dir/"
+                          "model_final.pth), or pass --random-weights to evaluate the untrained model on purpose")
+    if random_weights and checkpoint:
+        raise WinposError(f"--random-weights and train.init_checkpoint={checkpoint} were both given; drop one")
+
+
+def _default_setup(cfg, args) -> None:
+    from detectron2.utils.collect_env import collect_env_info
+    from detectron2.utils.env import seed_all_rng
+    from detectron2.utils.logger import setup_logger
+
+    output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
+    if comm.is_main_process() and output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    rank = comm.get_rank()
+    setup_logger(output_dir, distributed_rank=rank, name="fvcore")
+    d2_logger = setup_logger(output_dir, distributed_rank=rank)
+    setup_logger(output_dir, distributed_rank=rank, name="winpos")
+    d2_logger.info(f"Rank of current process: {rank}. World size: {comm.get_world_size()}")
+    d2_logger.info("Environment info:\n" + collect_env_info())
+    d2_logger.info("Command line arguments: " + str(args))
+    seed = OmegaConf.select(cfg, "train.seed", default=-1)
+    seed_all_rng(None if seed is None or seed < 0 else seed + rank)
+    if not getattr(args, "eval_only", False):
+        torch.backends.cudnn.benchmark = bool(OmegaConf.select(cfg, "train.cudnn_benchmark", default=False))
+
+
+def save_config(cfg, resume: bool = False) -> str | None:
+    """Write ``output_dir/config.yaml`` atomically (main process), except on a resume that finds one there.
+    Returns the path written, or None."""
+    output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
+    if not output_dir or not comm.is_main_process():
+        return None
+    path = os.path.join(output_dir, "config.yaml")
+    if resume and os.path.isfile(path):
+        logger.info(f"resuming: kept {path} of the run")
+        return None
+    import tempfile
+
+    from detectron2.config import LazyConfig
+
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".config-") as tmp:
+        staged = os.path.join(tmp, "config.yaml")
+        LazyConfig.save(cfg, staged)
+        if not os.path.isfile(staged):  # LazyConfig.save fell back to a pickle: the config is not yaml-able
+            logger.warning("the config could not be saved as yaml; config.yaml is not written")
+            return None
+        with open(staged, "rb") as f:
+            data = f.read()
+    atomic_write(path, lambda f: f.write(data), "wb")
+    logger.info(f"Full config saved to {path}")
+    return path
 
 
 def build_model(cfg):
@@ -151,10 +225,7 @@ def trim_metrics(path: str, start_iter: int) -> int:
             continue  # a line cut off when the run was killed
         if it < start_iter:
             keep.append(line if line.endswith("\n") else line + "\n")
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: f.writelines(keep), "w")
     return len(lines) - len(keep)
 
 
@@ -212,6 +283,7 @@ def do_train(cfg, resume: bool = False) -> dict:
         logger.info(f"checkpoint is at iteration {start_iter}, train.max_iter={cfg.train.max_iter}: nothing to do")
         return results
     trainer.data_loader = build_train_loader(cfg, start_iter)
+    save_config(cfg, resume=start_iter > 0)
     trainer.train(start_iter, cfg.train.max_iter)
     return results
 
@@ -230,8 +302,8 @@ def main(args):
 def launch_main(args, main_func=main):
     """Run ``main_func(args)`` in ``args.num_gpus`` processes per machine (gloo on CPU) via detectron2's launch."""
     if args.num_gpus < 1:
-        raise ValueError(f"--num-gpus={args.num_gpus}: need at least 1 process per machine")
+        raise WinposError(f"--num-gpus={args.num_gpus}: need at least 1 process per machine")
     if torch.cuda.is_available() and args.num_gpus > torch.cuda.device_count():
-        raise ValueError(f"--num-gpus={args.num_gpus} but only {torch.cuda.device_count()} GPUs are visible")
+        raise WinposError(f"--num-gpus={args.num_gpus} but only {torch.cuda.device_count()} GPUs are visible")
     return launch(main_func, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
                   dist_url=args.dist_url, args=(args,))

@@ -1,6 +1,7 @@
 """COCO evaluation behind ``tools/eval_coco.py``: box and mask AP (APs/APm/APl) with the official pycocotools
 (detectron2's ``COCOEvaluator(use_fast_impl=False)``), the same model at several test sizes (resolution sweep:
-JSON + PNG plot of AP vs size), and inference speed (images / s at batch 1)."""
+JSON + PNG plot of AP vs size), and inference speed (images / s at batch 1). Result files are written atomically;
+``evaluate_checkpoint`` checks its output folder before any work and replaces earlier results only with ``force``."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +15,8 @@ from detectron2.evaluation import COCOEvaluator, inference_on_dataset
 from detectron2.utils import comm
 
 from winpos.d2.data import ensure_registered
+from winpos.errors import WinposError
+from winpos.outputs import atomic_write, check_output_dir
 
 __all__ = ["build_coco_evaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
            "measure_fps"]
@@ -37,7 +40,7 @@ def set_test_size(cfg, model, size: int) -> None:
     if "image_size" in mapper:
         mapper.image_size = int(size)
     else:
-        raise ValueError("dataloader.test.mapper has no image_size; use winpos.d2.data.build_test_mapper in the config "
+        raise WinposError("dataloader.test.mapper has no image_size; use winpos.d2.data.build_test_mapper in the config "
                          "to evaluate at several sizes")
     backbone = getattr(model, "module", model).backbone
     if getattr(backbone, "_square_pad", 0):
@@ -85,7 +88,7 @@ def measure_fps(cfg, model, num_images: int = 50, warmup: int = 5) -> float:
                 timed += 1
             seen += 1
     if timed == 0:
-        raise ValueError(f"the test set has {seen} images, not more than warmup={warmup}; use a larger test set")
+        raise WinposError(f"the test set has {seen} images, not more than warmup={warmup}; use a larger test set")
     return timed / total
 
 
@@ -96,7 +99,7 @@ def resolution_sweep(cfg, model, sizes, output_dir: str, fps: bool = False, prog
     """
     sizes = [int(s) for s in sizes]
     if not sizes or any(s <= 0 for s in sizes):
-        raise ValueError(f"--sizes must be positive ints such as 512,768,1024, got {sizes}")
+        raise WinposError(f"--sizes must be positive ints such as 512,768,1024, got {sizes}")
     results = {}
     for size in sizes:
         cfg_s = copy.deepcopy(cfg)
@@ -109,8 +112,8 @@ def resolution_sweep(cfg, model, sizes, output_dir: str, fps: bool = False, prog
         logger.info(f"size {size}: {aps}")
     if comm.is_main_process():
         os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, "resolution_sweep.json"), "w") as f:
-            json.dump({str(k): v for k, v in results.items()}, f, indent=2)
+        atomic_write(os.path.join(output_dir, "resolution_sweep.json"),
+                     lambda f: json.dump({str(k): v for k, v in results.items()}, f, indent=2), "w")
         plot_sweep(results, os.path.join(output_dir, "resolution_sweep.png"))
     return results
 
@@ -147,18 +150,19 @@ def plot_sweeps(runs: dict, path: str, train_size: int | None = None, title: str
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=120, format=os.path.splitext(path)[1][1:] or "png"), "wb")
     plt.close(fig)
 
 
 def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=None, fps: bool = False,
-                        output_dir=None, test_dataset=None, progress: bool = True) -> dict:
+                        output_dir=None, test_dataset=None, progress: bool = True, force: bool = False) -> dict:
     """Load ``config_file`` (+ strict ``overrides``), build its model with ``checkpoint`` (default
     ``train.init_checkpoint``), and evaluate on its test set (or ``test_dataset``).
 
     Without ``sizes``: returns ``{"bbox": {...}, "segm": {...}[, "fps": float]}`` and writes ``results.json``.
     With ``sizes``: ``resolution_sweep`` (``{size: results}``; JSON + PNG). Output goes to ``output_dir``
-    (default ``<train.output_dir>/eval``).
+    (default ``<train.output_dir>/eval``); result files already there are refused unless ``force``.
+    Raises WinposError without weights (``checkpoint`` empty and no ``train.init_checkpoint``).
     """
     from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
     from winpos.d2.config import load_config
@@ -169,12 +173,14 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
     if test_dataset:
         cfg.dataloader.test.dataset.names = test_dataset
     if "evaluator" not in cfg.dataloader:
-        raise ValueError(f"{config_file} has no dataloader.evaluator; add build_coco_evaluator to the config")
+        raise WinposError(f"{config_file} has no dataloader.evaluator; add build_coco_evaluator to the config")
     cfg.dataloader.evaluator.dataset_name = cfg.dataloader.test.dataset.names
     checkpoint = checkpoint or cfg.train.init_checkpoint
     if not checkpoint:
-        raise ValueError("no weights to evaluate: pass --checkpoint or set train.init_checkpoint")
+        raise WinposError("no weights to evaluate: pass --checkpoint or set train.init_checkpoint")
     output_dir = output_dir or os.path.join(cfg.train.output_dir, "eval")
+    planned = ["resolution_sweep.json", "resolution_sweep.png"] if sizes else ["results.json"]
+    check_output_dir(output_dir, planned=planned, force=force)
     model = build_model(cfg)
     load_init_checkpoint(WinposCheckpointer(model), checkpoint)
     model.eval()
@@ -185,6 +191,5 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
         results["fps"] = measure_fps(cfg, model)
     if comm.is_main_process():
         os.makedirs(output_dir, exist_ok=True)
-        with open(os.path.join(output_dir, "results.json"), "w") as f:
-            json.dump(results, f, indent=2)
+        atomic_write(os.path.join(output_dir, "results.json"), lambda f: json.dump(results, f, indent=2), "w")
     return results

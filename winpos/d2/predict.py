@@ -1,6 +1,12 @@
 """Run a LazyConfig model on image files and draw its predictions (what ``DefaultPredictor`` + ``demo.py`` do for
 yacs configs, which detectron2 does not offer for LazyConfig). Drawings are made with PIL: detectron2's
-``Visualizer`` needs OpenCV, which winpos does not depend on."""
+``Visualizer`` needs OpenCV, which winpos does not depend on.
+
+Outputs follow winpos's output policy (``winpos.outputs``): ``plan_outputs`` checks the output folder before any
+work (not the folder of an input image, no existing output file unless ``force``, writable) and gives every input
+its own drawing name (``a/x.png`` and ``b/x.png`` get ``x.png`` and ``x-2.png``); every file is written
+atomically. An image that cannot be read is skipped, counted and recorded with its error in
+``predictions.json``; the other images are still predicted."""
 from __future__ import annotations
 
 import json
@@ -17,8 +23,11 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from winpos.d2.data import ensure_registered
+from winpos.errors import MissingInputError, WinposError
+from winpos.outputs import atomic_write, check_output_dir
 
-__all__ = ["IMAGE_EXTS", "list_images", "Predictor", "draw_instances", "predict_images"]
+__all__ = ["IMAGE_EXTS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
+           "predict_images"]
 
 logger = logging.getLogger("winpos")
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -34,10 +43,33 @@ def list_images(inputs) -> list[Path]:
         elif p.is_file():
             found.append(p)
         else:
-            raise ValueError(f"input {p} does not exist; pass image files or folders of images")
+            raise MissingInputError(f"--input {p} does not exist; pass image files or folders of images")
     if not found:
-        raise ValueError(f"no images ({', '.join(IMAGE_EXTS)}) found in {list(map(str, inputs))}")
+        raise WinposError(f"--input: no images ({', '.join(IMAGE_EXTS)}) found in {list(map(str, inputs))}")
     return found
+
+
+def drawing_names(images) -> list[str]:
+    """A distinct drawing file name per image: ``<stem>.png``, with ``-2``, ``-3``... added to later images whose
+    stem was taken (two folders holding ``x.png``, or ``x.jpg`` next to ``x.png``)."""
+    used, names = set(), []
+    for path in images:
+        stem = Path(path).stem
+        name, n = f"{stem}.png", 1
+        while name.lower() in used:
+            n += 1
+            name = f"{stem}-{n}.png"
+        used.add(name.lower())
+        names.append(name)
+    return names
+
+
+def plan_outputs(inputs, output_dir, force: bool = False) -> list[tuple[Path, Path]]:
+    """``[(image, drawing path)]`` for ``inputs`` after checking ``output_dir`` (see module docstring)."""
+    images = list_images(inputs)
+    names = drawing_names(images)
+    check_output_dir(output_dir, images, names + ["predictions.json"], force=force)
+    return [(image, Path(output_dir) / name) for image, name in zip(images, names)]
 
 
 class Predictor:
@@ -101,25 +133,36 @@ def _metadata(cfg):
         return MetadataCatalog.get("__winpos_unnamed__")
 
 
-def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5) -> list[dict]:
+def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, force: bool = False) -> list[dict]:
     """Predict every image of ``inputs``; write ``output_dir/<name>.png`` drawings (masks, boxes, class and score
-    above ``score_thresh``) and ``output_dir/predictions.json``. Returns the JSON records:
-    ``{"file", "boxes" (XYXY px), "scores", "classes"}`` per image."""
+    above ``score_thresh``) and ``output_dir/predictions.json``. Returns the JSON records: ``{"file", "drawing",
+    "boxes" (XYXY px), "scores", "classes"}`` per image, or ``{"file", "error"}`` for an image that could not be
+    read. The output folder is checked first (``plan_outputs``; ``force`` replaces earlier outputs)."""
+    plan = plan_outputs(inputs, output_dir, force=force)
     predictor = Predictor(cfg, model)
     metadata = _metadata(cfg)
     os.makedirs(output_dir, exist_ok=True)
     records = []
-    for path in list_images(inputs):
-        rgb = read_image(str(path), format="RGB")
-        image = rgb if predictor.image_format == "RGB" else read_image(str(path), format=predictor.image_format)
-        instances = predictor(image)
-        instances = instances[instances.scores >= score_thresh]
-        out = Path(output_dir) / f"{path.stem}.png"
-        draw_instances(rgb, instances, metadata.get("thing_classes", None)).save(out)
-        records.append({"file": str(path), "drawing": str(out),
-                        "boxes": instances.pred_boxes.tensor.tolist(), "scores": instances.scores.tolist(),
-                        "classes": instances.pred_classes.tolist()})
-    with open(Path(output_dir) / "predictions.json", "w") as f:
-        json.dump(records, f, indent=1)
-    logger.info(f"wrote {len(records)} drawings to {output_dir}")
+    try:
+        for path, out in plan:
+            try:
+                rgb = read_image(str(path), format="RGB")
+                image = rgb if predictor.image_format == "RGB" else read_image(str(path),
+                                                                               format=predictor.image_format)
+            except Exception as e:  # noqa: BLE001 - PIL raises several types for unreadable or foreign files
+                logger.warning(f"skipped {path}: cannot read it as an image ({type(e).__name__}: {e})")
+                records.append({"file": str(path), "error": f"cannot read it as an image ({type(e).__name__}: {e})"})
+                continue
+            instances = predictor(image)
+            instances = instances[instances.scores >= score_thresh]
+            drawing = draw_instances(rgb, instances, metadata.get("thing_classes", None))
+            atomic_write(out, lambda f: drawing.save(f, format="PNG"), "wb")
+            records.append({"file": str(path), "drawing": str(out),
+                            "boxes": instances.pred_boxes.tensor.tolist(), "scores": instances.scores.tolist(),
+                            "classes": instances.pred_classes.tolist()})
+    finally:  # the records so far are kept even if a later image stops the run
+        atomic_write(Path(output_dir) / "predictions.json", lambda f: json.dump(records, f, indent=1), "w")
+    skipped = sum("error" in r for r in records)
+    logger.info(f"wrote {len(records) - skipped} drawings to {output_dir}" + (f"; skipped {skipped} unreadable "
+                                                                                f"images" if skipped else ""))
     return records

@@ -4,6 +4,10 @@ It inspects a winpos backbone (built from a preset or from a LazyConfig's backbo
 even ViT-H costs nothing) and reports, for the requested image size, whether the token embedding is naively
 resized while blocks attend in windows whose period no longer matches the embedding's, which blocks are affected,
 and the fix.
+
+A config target is loaded with winpos's strict override loader (``winpos.d2.config``): an override that names no
+key, or gives a value of the wrong type, is an error, never silently ignored. Every bad input raises a
+``WinposError`` naming it and the fix.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from winpos.errors import MissingInputError, WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
 
@@ -44,8 +49,8 @@ def _window_blocks(net) -> list[tuple[int, int]]:
 
 def diagnose_backbone(net, image_size: int, name: str = "model") -> DoctorReport:
     """Check one winpos backbone (HieraDet or ViTDet) at a square ``image_size``."""
-    if image_size <= 0:
-        raise ValueError(f"image_size={image_size} must be positive")
+    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
+        raise WinposError(f"image_size={image_size!r} must be a positive number of pixels, e.g. 1024")
     stride = _stride(net)
     grid = (-(-image_size // stride),) * 2
     windows = _window_blocks(net)
@@ -61,7 +66,7 @@ def diagnose_backbone(net, image_size: int, name: str = "model") -> DoctorReport
                             grid, lines=[f"the window embedding is tiled, never resized: every window sees the same "
                                          f"embedding at {grid[0]}x{grid[1]} tokens"])
     if not isinstance(pe, AbsPosEmbed):
-        raise ValueError(f"unknown token embedding {type(pe).__name__}; the doctor knows AbsPosEmbed and AbsWinPosEmbed")
+        raise WinposError(f"unknown token embedding {type(pe).__name__}; the doctor knows AbsPosEmbed and AbsWinPosEmbed")
     pre = pe.pretrain_hw
     report = DoctorReport(name, image_size, True, f"absolute embedding stored at {pre[0]}x{pre[1]} tokens, naively "
                           f"interpolated; {term_note}", grid, pretrain_grid=pre)
@@ -87,41 +92,77 @@ def diagnose_backbone(net, image_size: int, name: str = "model") -> DoctorReport
 
 def _build_from_config(path: str, overrides=()):
     """Return (winpos backbone on the meta device, default image size) from a LazyConfig file."""
-    from detectron2.config import LazyConfig
-
     from winpos.backbones import create
+    from winpos.d2.config import load_config
 
-    cfg = LazyConfig.apply_overrides(LazyConfig.load(path), list(overrides))
-    node = cfg.model.backbone
+    cfg = load_config(path, list(overrides))
+    node = cfg.get("model", {}).get("backbone") if hasattr(cfg.get("model", None), "get") else None
     for attr in ("net", "bottom_up"):
-        if attr in node and hasattr(node[attr], "get") and node[attr].get("recipe") is not None:
+        if node is not None and attr in node and hasattr(node[attr], "get") and node[attr].get("recipe") is not None:
             node = node[attr]
             break
     else:
-        raise ValueError(f"{path}: no winpos backbone node (model.backbone.net or model.backbone.bottom_up with "
-                         "net= and recipe=) was found; the doctor checks winpos configs")
+        raise WinposError(f"{path}: no winpos backbone node (model.backbone.net or model.backbone.bottom_up with "
+                          "net= and recipe=) was found; the doctor checks winpos model configs such as "
+                          "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py")
     kwargs = {k: v for k, v in node.items() if k not in ("_target_", "net", "recipe", "out_feature", "out_features",
                                                          "norm")}
     with torch.device("meta"):
-        net = create(node["net"], recipe=node["recipe"], **kwargs)
-    return net, int(kwargs.get("img_size", 1024)), f"{path} ({node['net']}, recipe {node['recipe']})"
+        net = _create(create, node["net"], node["recipe"], kwargs, f"{path}")
+    return net, max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"{path} ({node['net']}, recipe {node['recipe']})"
+
+
+def _create(create, preset, recipe, kwargs, where):
+    try:
+        return create(preset, recipe=recipe, **kwargs)
+    except TypeError as e:  # an argument the backbone does not take
+        raise WinposError(f"{where}: {e}; remove that argument or check its spelling") from e
+
+
+def _parse_value(text: str):
+    """A preset override value: int, float, true/false/none, a (h, w) pair ``224,320``, or a string."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    if isinstance(value, str) and "," in value:
+        parts = [_parse_value(p.strip()) for p in value.split(",")]
+        return tuple(parts) if all(isinstance(p, int) for p in parts) else value
+    return value
 
 
 def diagnose(target: str, image_size: int | None = None, recipe: str = "original", overrides=()) -> DoctorReport:
     """``target``: a LazyConfig ``.py`` file or a preset name; ``overrides``: ``key=value`` strings (config keys for a
-    config, constructor arguments for a preset)."""
+    config, constructor arguments for a preset). ``image_size`` None means the model's own size."""
+    import os
+
+    if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or
+                                   image_size <= 0):
+        raise WinposError(f"--image-size {image_size!r} must be a positive number of pixels, e.g. 1024 (leave it out "
+                          "for the model's own size)")
     if target.endswith(".py"):
+        if not os.path.isfile(target):
+            raise MissingInputError(f"config {target} does not exist; pass a LazyConfig file such as "
+                                    "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py, or a preset name")
         net, default_size, name = _build_from_config(target, overrides)
     else:
         from winpos.backbones import create
+        from winpos.backbones.registry import PRESETS, _import_models
 
+        _import_models()
+        if target not in PRESETS and (os.path.exists(target) or os.sep in target or "." in target):
+            raise WinposError(f"{target!r} is neither a LazyConfig .py file nor a backbone preset; pass a config "
+                              f"such as configs/COCO/mask_rcnn_vitdet_b_100ep_original.py or a preset "
+                              f"({', '.join(sorted(PRESETS))})")
         kwargs = {}
         for item in overrides:
-            if "=" not in item:
-                raise ValueError(f"override {item!r} must look like key=value")
+            if "=" not in item or not item.split("=", 1)[0]:
+                raise WinposError(f"override {item!r} must look like key=value, e.g. img_size=448")
             k, v = item.split("=", 1)
-            kwargs[k] = int(v) if v.isdigit() else v
+            kwargs[k] = _parse_value(v)
         with torch.device("meta"):
-            net = create(target, recipe=recipe, **kwargs)
-        default_size, name = int(kwargs.get("img_size", 1024)), f"preset {target} (recipe {recipe})"
+            net = _create(create, target, recipe, kwargs, f"preset {target}")
+        default_size, name = max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"preset {target} (recipe {recipe})"
     return diagnose_backbone(net, image_size or default_size, name)

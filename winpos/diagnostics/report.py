@@ -19,7 +19,8 @@ import torch
 from winpos.diagnostics.extract import EmbeddingInfo, effective_embeddings
 from winpos.diagnostics.metrics import (SCAN_MAX_SIDE, as_grid, naive_resize, period_scan, periodic_energy_ratio,
                                         window_similarity)
-from winpos.errors import as_hw
+from winpos.errors import WinposError, as_hw
+from winpos.outputs import atomic_write
 
 __all__ = ["measure_grid", "target_entry", "analyze", "verdict", "default_targets", "run_posemb_viz"]
 
@@ -137,7 +138,7 @@ def _out_dir(out_dir) -> Path:
         probe.write_text("")
         probe.unlink()
     except OSError as e:
-        raise ValueError(f"output folder '{out}' cannot be written ({e.strerror or e}); choose a folder you can "
+        raise WinposError(f"output folder '{out}' cannot be written ({e.strerror or e}); choose a folder you can "
                          "write to with --out / out_dir=") from e
     return out
 
@@ -167,24 +168,29 @@ def run_posemb_viz(paths: Sequence[str | os.PathLike], out_dir, sizes: Sequence,
     out = _out_dir(out_dir)
     sizes = list(sizes or [])
     report: dict[str, Any] = {"out_dir": str(out), "checkpoints": []}
+    # every checkpoint is read (and refused, if it must be) before the progress bar starts, so an error is a
+    # line of its own, not one wrapped in bar fragments
+    loaded = [(path, effective_embeddings(path, family=family, window=window)) for path in paths]
+    stems = [Path(p).stem for p in paths]
+    stems = [s if stems.count(s) == 1 else f"{s}-{i + 1}" for i, s in enumerate(stems)]  # no two share plot names
     bar = tqdm(total=len(paths) * max(1, len(sizes)), disable=not progress, desc="posemb", unit="ckpt x size")
-    for path in paths:
-        stem = Path(path).stem
-        infos = effective_embeddings(path, family=family, window=window)
-        results = [dict(analyze(info, target_sizes=[], window=window), plots=[]) for info in infos]
-        for size in sizes or [None]:
-            bar.set_postfix_str(f"{stem} @ {size or 'default sizes'}")
-            for info, result in zip(infos, results):
-                for s in [size] if size is not None else default_targets(info):
-                    t = target_entry(info, s, result["native"], result["window"])
-                    result["targets"].append(t)
-                    result["verdicts"].append(t["verdict"])
-                    tag = f"{stem}_{info.name.replace('.', '_')}_{'x'.join(map(str, t['image_px']))}px"
-                    scans = [m["period_scan"] if m else None for m in (result["native"], t["naive"], t["abswin"])]
-                    result["plots"] += [str(p) for p in plot_all(info, s, out, tag, window=result["window"], pdf=pdf,
-                                                                   scans=scans)]
-            bar.update(1)
-        report["checkpoints"].append({"path": str(path), "embeddings": results})
-    bar.close()
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    try:
+        for (path, infos), stem in zip(loaded, stems):
+            results = [dict(analyze(info, target_sizes=[], window=window), plots=[]) for info in infos]
+            for size in sizes or [None]:
+                bar.set_postfix_str(f"{stem} @ {size or 'default sizes'}")
+                for info, result in zip(infos, results):
+                    for s in [size] if size is not None else default_targets(info):
+                        t = target_entry(info, s, result["native"], result["window"])
+                        result["targets"].append(t)
+                        result["verdicts"].append(t["verdict"])
+                        tag = f"{stem}_{info.name.replace('.', '_')}_{'x'.join(map(str, t['image_px']))}px"
+                        scans = [m["period_scan"] if m else None for m in (result["native"], t["naive"], t["abswin"])]
+                        result["plots"] += [str(p) for p in plot_all(info, s, out, tag, window=result["window"], pdf=pdf,
+                                                                       scans=scans)]
+                bar.update(1)
+            report["checkpoints"].append({"path": str(path), "embeddings": results})
+    finally:
+        bar.close()
+    atomic_write(out / "report.json", lambda f: f.write(json.dumps(report, indent=2)), "w")
     return report
