@@ -29,7 +29,8 @@ def build_parser():
     parser.add_argument("--output", required=True, help=f"output file ({', '.join(SUFFIXES)})")
     parser.add_argument("--to", required=True, help="winpos preset, e.g. vitdet_b or hieradet_bplus")
     parser.add_argument("--recipe", default="original", help="original | paper | rope | lookhere")
-    parser.add_argument("--format", default="auto", choices=FORMATS, help="source format (default: detect from the keys)")
+    parser.add_argument("--format", default="auto", choices=FORMATS,
+                        help="source format (default: detect from the keys)")
     parser.add_argument("--pos-embed", default=None, choices=POS_EMBEDS,
                         help="override the target's token embedding (e.g. abswin)")
     parser.add_argument("--img-size", type=positive_int, default=None,

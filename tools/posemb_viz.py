@@ -24,7 +24,8 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plot", help="measure and plot checkpoints")
     p.add_argument("checkpoints", nargs="+")
-    p.add_argument("--sizes", type=int_list, default=None, help="target image sizes in px, comma separated (default: per family)")
+    p.add_argument("--sizes", type=int_list, default=None,
+                   help="target image sizes in px, comma separated (default: per family)")
     p.add_argument("--window", type=positive_int, default=None, help="override the family's window size (tokens)")
     p.add_argument("--family", default="auto")
     p.add_argument("--out", default="output/posemb_viz")

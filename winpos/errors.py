@@ -17,7 +17,8 @@ from typing import Callable, Iterable
 
 import torch
 
-__all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "check_choice", "check_finite", "as_hw", "run_cli",
+__all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "check_choice", "check_finite", "as_hw",
+           "run_cli",
            "ArgumentParser", "positive_int", "nonnegative_int", "finite_float", "int_list", "late_flags",
            "quiet_third_party_warnings"]
 

@@ -168,7 +168,8 @@ def check_output_file(path, inputs: Iterable = (), force: bool = False, flag: st
     existing file unless ``force``, and a writable location. Returns the path."""
     out = Path(path)
     if str(path).endswith(os.sep) or out.is_dir():
-        raise WinposError(f"{flag} {path} is a folder; name a file inside it, e.g. {out / ('output' + next(iter(suffixes or ['.pth'])))}")
+        example = out / ("output" + next(iter(suffixes or [".pth"])))
+        raise WinposError(f"{flag} {path} is a folder; name a file inside it, e.g. {example}")
     if suffixes is not None:
         suffixes = tuple(suffixes)
         if out.suffix.lower() not in suffixes:

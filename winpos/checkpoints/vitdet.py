@@ -36,7 +36,8 @@ from winpos.posemb.interp import resize_grid
 from winpos.posemb.relpos import resample_rel_table
 
 __all__ = ["detect_source", "convert_detectron2_vit", "convert_sam_image_encoder",
-           "convert_mae_vit", "convert_winpos_vitdet", "convert_to_vitdet", "load_vitdet_weights", "load_vitdet_checkpoint"]
+           "convert_mae_vit", "convert_winpos_vitdet", "convert_to_vitdet", "load_vitdet_weights",
+           "load_vitdet_checkpoint"]
 
 SOURCES = ("detectron2", "sam", "mae", "winpos")
 WINPOS_POS_KEYS = ("pos_embed.pos_embed", "pos_embed.window_embed", "pos_embed.global_embed")
@@ -376,7 +377,8 @@ _CONVERTERS = {"detectron2": convert_detectron2_vit, "sam": convert_sam_image_en
 
 
 def convert_to_vitdet(state_dict, model: nn.Module, source: str = "auto"):
-    """Dispatch on ``source`` in ``("auto", "detectron2", "sam", "mae", "winpos")``; returns ``(state_dict, report)``."""
+    """Dispatch on ``source`` in ``("auto", "detectron2", "sam", "mae", "winpos")``; returns
+    ``(state_dict, report)``."""
     if source == "auto":
         source = detect_source(state_dict)
     if source not in _CONVERTERS:

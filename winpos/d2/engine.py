@@ -35,7 +35,8 @@ from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import WinposError
 from winpos.outputs import atomic_write
 
-__all__ = ["build_parser", "setup", "check_weights", "save_config", "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
+__all__ = ["build_parser", "setup", "check_weights", "save_config",
+           "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
            "main", "launch_main", "trim_metrics", "register_cli_datasets"]
 
 logger = logging.getLogger("winpos")
@@ -61,8 +62,8 @@ def register_cli_datasets(specs) -> None:
             raise WinposError(f"--dataset {spec!r} must look like NAME=path/to/instances.json:path/to/images")
         report = register_coco(name, json_file, image_root, on_error="skip")
         if not report.dataset.get("images") or not report.dataset.get("annotations"):
-            raise WinposError(f"--dataset {spec}: no usable {'images' if not report.dataset.get('images') else 'annotations'} "
-                              f"remain after dropping the bad entries ({report.summary()}); fix the json or the image "
+            what = "images" if not report.dataset.get("images") else "annotations"
+            raise WinposError(f"--dataset {spec}: no usable {what} remain after dropping the bad entries ({report.summary()}); fix the json or the image "
                               "folder")
         if not report.ok:
             logger.warning(f"dataset {name}: {report.summary()}")
