@@ -1,43 +1,47 @@
 #!/usr/bin/env python
-"""The main job on the embedded default (CPU, minutes): train tiny HieraDet Mask R-CNNs on the shapes dataset
-with abs-win and with the naive absolute embedding, evaluate box/mask AP with pycocotools at several test sizes
-(resolution sweep: JSON + PNG), and plot the trained position embedding.
+"""The main job on the embedded default (CPU, about 10 minutes on 2 cores): the short form of tools/reproduce.py.
 
-    python tools/run_demo.py [--output output/demo] [--encodings abswin,abs] [--iters N] [--sizes 192,256,320,384]
-                             [--dataset shapes1|shapes]
+Starts from the stage-1 checkpoint shipped in tools/checkpoints/ (a small HieraDet Mask R-CNN pretrained at 64 px
+with a learned absolute embedding under window attention; its command, seed and SHA-256 in the manifest next to
+it), finetunes it at 2x its token grid (its 64 px images upscaled to 128 px) with (a) the embedding naively
+interpolated and (b) converted exactly to abs-win on import, plus a four-class finetune of (b), evaluates box /
+mask AP with pycocotools and prints the table and where the plots are.
 
-Re-running resumes finished or interrupted training from the last checkpoint.
+    python tools/run_demo.py [--output output/demo] [--iters 300] [--seeds 0] [--workers 2] [--no-four-class]
+
+Re-running skips finished runs and resumes interrupted ones.
 """
-import argparse
-import logging
 import sys
+from pathlib import Path
+
+from winpos.errors import ArgumentParser, positive_int, run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "shapes" / "reproduce_hieradet.py"
+CHECKPOINT = ROOT / "tools" / "checkpoints" / "stage1_hieradet_abs_periodic_64px.pth"
+MANIFEST = ROOT / "tools" / "checkpoints" / "stage1_hieradet_abs_periodic_64px.json"
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--output", default="output/demo")
-    parser.add_argument("--encodings", default="abswin,abs", help="comma list of: abswin, abs, rope, lookhere, paper")
-    parser.add_argument("--iters", type=int, default=None, help="training iterations (default: the config's)")
-    parser.add_argument("--sizes", default="192,256,320,384", help="test sizes of the resolution sweep (px)")
-    parser.add_argument("--dataset", default="shapes1", choices=["shapes1", "shapes"],
-                        help="shapes1: one class 'shape' (learns in minutes); shapes: four classes (needs far longer)")
-    args = parser.parse_args(argv)
-    from detectron2.utils.logger import setup_logger
+    import argparse
 
-    setup_logger(name="winpos")
-    setup_logger(name="detectron2", abbrev_name="d2").setLevel(logging.WARNING)
-    # but keep the training progress: losses, ETA, speed (detectron2's metric printer and timer hooks)
-    for name in ("detectron2.utils.events", "detectron2.engine.hooks", "detectron2.evaluation.testing"):
-        logging.getLogger(name).setLevel(logging.INFO)
-    import winpos.d2  # noqa: F401  (registers backbones and the shapes dataset)
-    from winpos.d2.demo import run_demo
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", default="output/demo")
+    p.add_argument("--iters", type=positive_int, default=300, help="finetuning iterations per run (batch 8)")
+    p.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[0],
+                   help="comma list of finetuning seeds, e.g. 0,1,2")
+    p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
+    p.add_argument("--no-four-class", action="store_true", help="skip the four-class finetune")
+    p.add_argument("--checkpoint", default=str(CHECKPOINT), help="stage-1 checkpoint (default: the shipped one)")
+    p.add_argument("--manifest", default=str(MANIFEST), help="its manifest with the SHA-256 (default: shipped)")
+    args = p.parse_args(argv)
+    from winpos.d2.demo import print_summary, run_demo
 
-    try:
-        run_demo(args.output, tuple(e for e in args.encodings.split(",") if e), args.iters,
-                 tuple(int(s) for s in args.sizes.split(",")), args.dataset)
-    except ValueError as e:
-        sys.exit(f"error: {e}")
+    summary = run_demo(str(CONFIG), args.checkpoint, args.manifest, args.output, args.iters, tuple(args.seeds),
+                       args.workers, not args.no_four_class, log=lambda m: print(f"[demo] {m}", flush=True))
+    print_summary(summary, args.output)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_cli(main))

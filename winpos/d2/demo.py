@@ -1,106 +1,108 @@
-"""The main job on the embedded default: train tiny Mask R-CNNs on the shapes dataset on CPU, evaluate them with
-official pycocotools AP, sweep the test resolution, and plot the trained position embeddings.
+"""The main job on the embedded default: the short form of ``winpos.d2.reproduce`` (README command 1).
 
-``tools/run_demo.py`` is the command-line front; every step is a library call tested elsewhere.
+It starts from the stage-1 checkpoint shipped with winpos (a HieraDet Mask R-CNN pretrained at 64 px with an
+absolute embedding that started window-periodic, under 4x4-token window attention; made by ``tools/reproduce.py``,
+its command, seed and SHA-256 recorded in the manifest next to it), checks the file against that hash, and
+finetunes it at 2x the token grid (the 64 px images upscaled to 128 px) twice: (a') with the embedding naively
+interpolated and (b') converted exactly to abs-win on import. Then a four-class finetune of (b'). Each finetune is a one-thread
+subprocess, two at a time; re-running skips finished runs and resumes the others. It prints the comparison
+table, the window similarity of the shipped embedding, and where the plots are.
 """
 from __future__ import annotations
 
+import hashlib
 import json
-import logging
-import os
 import time
 from pathlib import Path
 
-logger = logging.getLogger("winpos")
+from winpos.errors import WinposError
 
-CONFIGS = {
-    "abswin": "configs/shapes/mask_rcnn_hieradet_tiny_abswin.py",
-    "abs": "configs/shapes/mask_rcnn_hieradet_tiny_abs.py",
-    "rope": "configs/shapes/mask_rcnn_hieradet_tiny_rope.py",
-    "lookhere": "configs/shapes/mask_rcnn_hieradet_tiny_lookhere.py",
-    "paper": "configs/shapes/mask_rcnn_hieradet_tiny_paper.py",
-}
+DEMO_ROWS = ("abs_periodic", "abs_periodic2win")
+CONDITION = "upscaled"  # objects grow with the grid: 20-84 px objects at 128 px, precise enough for a high AP
 
 
-# The demo trains on the one-class view of the shapes data: within a CPU budget a from-scratch tiny transformer learns
-# to find and segment the objects, but not yet to tell the four outlines apart (dataset="shapes" keeps the classes).
-DATASETS = {
-    "shapes1": ["dataloader.train.dataset.names=shapes1_train", "dataloader.test.dataset.names=shapes1_val",
-                "model.roi_heads.num_classes=1"],
-    "shapes": [],
-}
-TRAIN_SIZE = 256
+def check_stage1(checkpoint: str, manifest: str) -> dict:
+    """The shipped stage-1 checkpoint, verified against its manifest's SHA-256; returns the manifest."""
+    ckpt, man = Path(checkpoint), Path(manifest)
+    if not ckpt.is_file():
+        raise WinposError(f"stage-1 checkpoint {ckpt} is missing; restore it from the repository (git checkout -- "
+                          f"{ckpt.name}) or make one with the command in {man.name}")
+    if not man.is_file():
+        raise WinposError(f"manifest {man} is missing; restore it from the repository")
+    try:
+        info = json.loads(man.read_text())
+        expected = info["sha256"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise WinposError(f"manifest {man} is not valid (no sha256 entry: {e}); restore it from the repository") from None
+    digest = hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    if digest != expected:
+        raise WinposError(f"stage-1 checkpoint {ckpt} is corrupt or was replaced: SHA-256 {digest[:12]}... differs "
+                          f"from the manifest's {expected[:12]}...; restore it from the repository")
+    return info
 
 
-def _root() -> Path:
-    return Path(__file__).resolve().parents[2]
+def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/demo", iters: int = 300,
+             seeds=(0,), workers: int = 2, four_class: bool = True, log=print) -> dict:
+    """Finetune the shipped stage-1 checkpoint as rows (a') and (b') at 2x grid on upscaled images (and (b') on
+    the four-class labels); returns the summary (also ``<output_dir>/summary.json``)."""
+    from winpos.d2 import reproduce as R
+    from winpos.outputs import atomic_write
 
-
-def train_and_evaluate(encoding: str, output_dir: Path, max_iter: int | None, sizes, extra=()) -> dict:
-    """Train one shapes config (resuming if a checkpoint exists), then evaluate it at each test size."""
-    from winpos.d2.config import load_config
-    from winpos.d2.engine import do_train, resolve_device
-    from winpos.d2.evaluate import evaluate_checkpoint
-
-    if encoding not in CONFIGS:
-        raise ValueError(f"unknown encoding {encoding!r} for the demo; choose from {', '.join(CONFIGS)}")
-    config = str(_root() / CONFIGS[encoding])
-    run_dir = output_dir / encoding
-    run_dir.mkdir(parents=True, exist_ok=True)
-    overrides = [f"train.output_dir={run_dir}", *extra]
-    if max_iter:
-        overrides.append(f"train.max_iter={max_iter}")
-    cfg = load_config(config, overrides)
-    cfg.train.device = resolve_device(cfg)
+    if not isinstance(iters, int) or iters < 1:
+        raise WinposError(f"--iters {iters!r} must be a positive number of finetuning iterations, e.g. 300")
+    if not isinstance(workers, int) or workers < 1:
+        raise WinposError(f"--workers {workers!r} must be a positive int")
+    info = check_stage1(checkpoint, manifest)
+    out = Path(output_dir)
+    proto = R.Protocol(config=config, output_dir=str(out), rows=DEMO_ROWS, multipliers=(2,), conditions=(CONDITION,),
+                       seeds=tuple(seeds), finetune_iters=iters, workers=workers)
+    proto.validate()
+    (out / "stage2").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    do_train(cfg, resume=True)
-    train_s = time.time() - t0
-    final = run_dir / "model_final.pth"
-    sweep = evaluate_checkpoint(config, str(final), overrides, sizes=sizes, output_dir=str(run_dir / "sweep"),
-                                progress=True)
-    return {"config": CONFIGS[encoding], "train_seconds": train_s, "checkpoint": str(final),
-            "sweep": {str(k): v for k, v in sweep.items()}}
-
-
-def plot_embeddings(checkpoint: str, out_dir: Path, sizes) -> dict:
-    """Measure and plot the trained model's effective position embedding (winpos checkpoint family)."""
-    from winpos.diagnostics.report import run_posemb_viz
-
-    return run_posemb_viz([checkpoint], str(out_dir), sizes, progress=False)
-
-
-def run_demo(output_dir="output/demo", encodings=("abswin", "abs"), max_iter=None, sizes=(192, 256, 320, 384),
-             dataset="shapes1") -> dict:
-    from winpos.d2.evaluate import plot_sweeps
-
-    if dataset not in DATASETS:
-        raise ValueError(f"unknown demo dataset {dataset!r}; choose from {', '.join(DATASETS)}")
-    for enc in encodings:
-        if enc not in CONFIGS:
-            raise ValueError(f"unknown encoding {enc!r} for the demo; choose from {', '.join(CONFIGS)}")
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    summary = {"dataset": dataset}
-    for enc in encodings:
-        summary[enc] = train_and_evaluate(enc, output_dir, max_iter, sizes, DATASETS[dataset])
-    plot_sweeps({enc: summary[enc]["sweep"] for enc in encodings}, str(output_dir / "resolution_sweep.png"),
-                train_size=TRAIN_SIZE, title=f"tiny HieraDet Mask R-CNN on {dataset}, trained at {TRAIN_SIZE} px")
-    first = encodings[0]
-    summary["diagnostics"] = plot_embeddings(summary[first]["checkpoint"], output_dir / "posemb", [256, 384])
-    with open(output_dir / "summary.json", "w") as f:
-        json.dump(summary, f, indent=2, default=str)
-    print_summary(summary, encodings, sizes, output_dir)
+    conv = out / "stage2" / "abs_periodic2win_init.pth"
+    if not conv.is_file():
+        R.convert_abs_to_abswin(checkpoint, str(conv))
+    specs = []
+    for seed in seeds:
+        for row in DEMO_ROWS:
+            spec = R.stage2_spec(proto, row, 2, CONDITION, seed)
+            if not R.ROWS[row].convert:
+                spec["init"] = str(checkpoint)
+            specs.append(spec)
+    if four_class:
+        spec = R.stage2_spec(proto, "abs_periodic2win", 2, CONDITION, seeds[0])
+        spec.update(name=f"abs_periodic2win/{CONDITION}/2x/four-class/seed{seeds[0]}", four_class=True,
+                    out=str(out / "stage2" / "four_class" / f"seed{seeds[0]}"))
+        specs.append(spec)
+    log(f"finetuning the shipped 64 px checkpoint at 128 px: {len(specs)} runs of {iters} iterations, "
+        f"{workers} at a time")
+    runs = R._pool(specs, workers, log)
+    one_class = [r for r in runs if not r["spec"].get("four_class")]
+    summary = R.summarize(proto, {"abs_periodic": {"checkpoint": str(checkpoint),
+                                          "window_structure": R.window_structure(str(checkpoint)),
+                                          "box_AP_64px": info.get("box_AP_64px"),
+                                          "mask_AP_64px": info.get("mask_AP_64px")}}, one_class)
+    summary["four_class"] = next(({"bbox": r["bbox"], "segm": r["segm"]} for r in runs
+                                  if r["spec"].get("four_class")), None)
+    summary["minutes"] = (time.time() - t0) / 60
+    summary["stage1_manifest"] = info
+    atomic_write(str(out / "summary.json"), lambda f: json.dump(summary, f, indent=1), "w")
+    R.plot_results(summary, str(out / "results.png"))
     return summary
 
 
-def print_summary(summary, encodings, sizes, output_dir) -> None:
-    print(f"\n=== winpos demo: tiny HieraDet Mask R-CNN on {summary['dataset']} (trained at {TRAIN_SIZE} px, CPU) ===")
-    header = "encoding  | " + " | ".join(f"{s:>4}px box/mask AP" for s in sizes)
-    print(header)
-    for enc in encodings:
-        sweep = summary[enc]["sweep"]
-        cells = [f"{sweep[str(s)]['bbox']['AP']:6.1f} / {sweep[str(s)]['segm']['AP']:5.1f}" for s in sizes]
-        print(f"{enc:9s} | " + " | ".join(f"{c:>18s}" for c in cells) +
-              f"   (trained in {summary[enc]['train_seconds'] / 60:.1f} min)")
-    print(f"\nresolution sweep (all encodings): {output_dir}/resolution_sweep.png")
-    print(f"position-embedding plots: {output_dir}/posemb/*.png; every number: {output_dir}/summary.json")
+def print_summary(summary: dict, output_dir) -> None:
+    from winpos.d2 import reproduce as R
+
+    ws = summary["stage1"]["abs_periodic"]["window_structure"]
+    print(f"\n=== winpos demo: a 64 px-pretrained HieraDet Mask R-CNN finetuned at 2x its token grid "
+          f"(64 px images upscaled to 128 px, one class, {summary['protocol']['finetune_iters']} iterations) ===")
+    print(f"shipped stage-1 embedding: window similarity WS@4 = {ws['ws']:.2f} at 16x16 tokens; naive interpolation "
+          f"to 32x32 leaves {ws['ws_naive_2x']:.2f}, abs-win keeps {ws['ws']:.2f}")
+    print(R.format_table(summary))
+    fc = summary.get("four_class")
+    if fc:
+        print(f"four classes (circle/square/triangle/star), row (b): box AP {fc['bbox']['AP']:.1f}, "
+              f"mask AP {fc['segm']['AP']:.1f}")
+    print(f"\nplot: {output_dir}/results.png; every number: {output_dir}/summary.json "
+          f"({summary['minutes']:.1f} min)")

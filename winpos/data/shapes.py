@@ -238,14 +238,16 @@ def _sample_size(rng: np.random.Generator, short_side: int) -> float:
     return math.exp(rng.uniform(math.log(lo), math.log(hi)))
 
 
-def _random_scene(rng: np.random.Generator, h: int, w: int, n_objects: int) -> tuple[np.ndarray, list[dict]]:
-    """Sample and paint ``n_objects`` shapes. A placement that would hide more than 65% of an earlier object,
-    or that lies mostly outside the image, is moved (up to 30 times) and then given up."""
+def _random_scene(rng: np.random.Generator, h: int, w: int, n_objects: int,
+                  object_side: int | None = None) -> tuple[np.ndarray, list[dict]]:
+    """Sample and paint ``n_objects`` shapes, sized as for an image of short side ``object_side`` (default: this
+    image's). A placement that would hide more than 65% of an earlier object, or that lies mostly outside the
+    image, is moved (up to 30 times) and then given up."""
     canvas = _background(rng, h, w)
     polys, masks, visible, kinds = [], [], [], []
     for _ in range(n_objects):
         kind = SHAPE_CLASSES[int(rng.integers(len(SHAPE_CLASSES)))]
-        size = _sample_size(rng, min(h, w))
+        size = _sample_size(rng, object_side or min(h, w))
         for _attempt in range(30):  # only the position and angle change: size statistics stay as sampled
             cx, cy = rng.uniform(-0.1 * size, w + 0.1 * size), rng.uniform(-0.1 * size, h + 0.1 * size)
             poly = shape_polygon(Shape(kind, cx, cy, size, rng.uniform(0, 2 * math.pi)))
@@ -281,17 +283,23 @@ def _as_hw(image_size) -> tuple[int, int]:
 
 
 def generate_shapes(root: str | Path, split: str, num_images: int, image_size=256, seed: int = 0,
-                    min_objects: int = 1, max_objects: int = 6) -> Path:
+                    min_objects: int = 1, max_objects: int = 6, object_side: int | None = None) -> Path:
     """Write ``root/split/NNNNNN.png`` and ``root/annotations/instances_{split}.json``; return the json path.
 
-    ``image_size``: int or (height, width). Image ``i`` depends only on (seed, split, i), so a larger
-    ``num_images`` extends a smaller set, and the same arguments give byte-identical files.
+    ``image_size``: int or (height, width). ``object_side``: draw object sizes as for an image of this short side
+    (default: the image's own), e.g. a 256 px canvas holding the objects of a 64 px image (``object_side=64``;
+    scale ``min_objects`` / ``max_objects`` with the area to keep the density). Image ``i`` depends only on
+    (seed, split, i), so a larger ``num_images`` extends a smaller set, and the same arguments give
+    byte-identical files.
     """
     h, w = _as_hw(image_size)
     if not split or any(c in split for c in "/\\") or split.startswith("."):
         raise ValueError(f"split={split!r} must be a plain folder name such as 'train' or 'val'")
     if num_images < 1:
         raise ValueError(f"num_images={num_images} must be >= 1")
+    if object_side is not None and not (isinstance(object_side, int) and object_side >= 32):
+        raise ValueError(f"object_side={object_side!r} must be an int >= 32 px (the short side object sizes are "
+                         "drawn for), or None for the image's own")
     if not 0 <= min_objects <= max_objects or max_objects < 1:
         raise ValueError(f"need 0 <= min_objects <= max_objects and max_objects >= 1, got {min_objects}, {max_objects}")
     root = Path(root)
@@ -300,7 +308,7 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
     images, annotations = [], []
     for i in range(num_images):
         rng = np.random.default_rng([seed, zlib.crc32(split.encode()), i])
-        image, anns = _random_scene(rng, h, w, int(rng.integers(min_objects, max_objects + 1)))
+        image, anns = _random_scene(rng, h, w, int(rng.integers(min_objects, max_objects + 1)), object_side)
         file_name = f"{i:06d}.png"
         Image.fromarray(image).save(root / split / file_name, compress_level=1)  # noisy pixels barely compress
         images.append({"id": i + 1, "file_name": file_name, "height": h, "width": w, "license": 1})
@@ -340,7 +348,7 @@ def _remove_stale_temps(parent: Path, digest: str) -> None:
 
 def ensure_shapes_dataset(root: str | Path | None = None, train_images: int = 600, val_images: int = 100,
                           image_size=256, seed: int = 0, min_objects: int = 1,
-                          max_objects: int = 6) -> dict[str, tuple[Path, Path]]:
+                          max_objects: int = 6, object_side: int | None = None) -> dict[str, tuple[Path, Path]]:
     """Generate the shapes dataset once into ``<root>/shapes_v1/<params-hash>/`` and return its paths.
 
     ``root`` defaults to ``$WINPOS_DATA``, else ``~/.cache/winpos``. Generation goes to a temp dir that is
@@ -351,6 +359,8 @@ def ensure_shapes_dataset(root: str | Path | None = None, train_images: int = 60
     params = {"version": _VERSION, "train_images": train_images, "val_images": val_images,
               "image_size": list(_as_hw(image_size)), "seed": seed, "min_objects": min_objects,
               "max_objects": max_objects}
+    if object_side is not None:  # only when set, so the default datasets keep their cache key
+        params["object_side"] = object_side
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
     parent = Path(root) if root is not None else _default_cache_root()
     parent = parent / "shapes_v1"
@@ -361,7 +371,7 @@ def ensure_shapes_dataset(root: str | Path | None = None, train_images: int = 60
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{digest}-{os.getpid()}-", dir=parent))
         try:
             for split, n in (("train", train_images), ("val", val_images)):
-                generate_shapes(tmp, split, n, image_size, seed, min_objects, max_objects)
+                generate_shapes(tmp, split, n, image_size, seed, min_objects, max_objects, object_side)
             (tmp / _MANIFEST).write_text(json.dumps(params, sort_keys=True))
             if final.exists() and not (final / _MANIFEST).is_file():
                 shutil.rmtree(final)  # an incomplete dir not made by this function: replace it

@@ -1,0 +1,215 @@
+"""The bug-reproduction protocol (winpos.d2.reproduce, tools/reproduce.py): geometry and data checks, the exact
+abs -> abs-win conversion (it must keep a window-periodic embedding periodic at a larger grid, where naive
+interpolation destroys it), the shipped-checkpoint manifest, one real run end to end, and the CLI's bad inputs."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from winpos.d2 import reproduce as R
+from winpos.diagnostics.metrics import naive_resize, window_similarity
+from winpos.errors import WinposError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "shapes" / "reproduce_hieradet.py")
+SMALL = dict(image_size=64, train_images=8, val_images=4, min_objects=1, max_objects=3)
+
+
+def _spec(tmp_path, encoding="abs", **kw):
+    return dict(name="t", config=CONFIG, encoding=encoding, size=64, shapes=dict(SMALL), iters=2, seed=0,
+                out=str(tmp_path / encoding), lr=1e-3, **kw)
+
+
+@pytest.mark.parametrize("k,size", [(1, 64), (1.5, 96), (2, 128), (4, 256)])
+def test_multipliers_that_the_windows_tile(k, size):
+    assert R.check_multiplier(k) == size
+
+
+@pytest.mark.parametrize("k,message", [(1.1, "17.6x17.6 token grid"), (1.125, "18x18 token grid"),
+                                       (0.5, "must be a number >= 1"), ("2", "must be a number"),
+                                       (True, "must be a number")])
+def test_multipliers_that_do_not_fit_are_refused(k, message):
+    with pytest.raises(WinposError, match=message):
+        R.check_multiplier(k)
+
+
+def test_canvas_keeps_object_sizes_and_density_upscaled_keeps_the_images():
+    canvas = R.dataset_params(2, "canvas")
+    assert canvas == dict(image_size=128, object_side=64, train_images=500, val_images=50, min_objects=4,
+                          max_objects=24)
+    assert R.dataset_params(4, "canvas")["max_objects"] == 96
+    assert R.dataset_params(4, "upscaled") == R.PRETRAIN_SHAPES
+    with pytest.raises(WinposError, match="unknown condition 'bigger'"):
+        R.dataset_params(2, "bigger")
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(rows=("abs", "absolute")), r"unknown row\(s\) \['absolute'\]"),
+    (dict(conditions=("zoomed",)), r"unknown condition\(s\) \['zoomed'\]"),
+    (dict(multipliers=(2, 1.1)), "windows do not tile"),
+    (dict(seeds=()), "no seeds given"),
+    (dict(finetune_iters=0), "finetune_iters=0 must be a positive int"),
+    (dict(config="nope.py"), "config 'nope.py' does not exist"),
+])
+def test_protocol_refuses_bad_settings_before_writing(kwargs, message, tmp_path):
+    p = R.Protocol(**{"config": CONFIG, "output_dir": str(tmp_path / "out"), **kwargs})
+    with pytest.raises(WinposError, match=message):
+        R.run_protocol(p, log=lambda m: None)
+    assert not (tmp_path / "out").exists()
+
+
+def _embedding(model, hw):
+    with torch.no_grad():
+        return model.backbone.bottom_up.net.pos_embed(hw)[0].permute(2, 0, 1)  # (1, H, W, C) -> (C, H, W)
+
+
+def test_periodic_start_and_its_exact_abs_to_abswin_conversion(tmp_path):
+    from winpos.d2.engine import build_model
+
+    spec = _spec(tmp_path, "abs_periodic")
+    start = tmp_path / "start.pth"
+    ws = R.periodic_start(spec, str(start))
+    assert ws["ws"] > 0.7 and ws["ws_naive_2x"] < 0.2 and ws["ws_naive_4x"] < 0.2
+
+    conv = tmp_path / "conv.pth"
+    R.convert_abs_to_abswin(str(start), str(conv))
+    sd_abs = torch.load(start, weights_only=True)["model"]
+    sd_win = torch.load(conv, weights_only=True)["model"]
+    assert set(sd_win) == set(sd_abs) - {"backbone.bottom_up.net.pos_embed.pos_embed"} | {
+        "backbone.bottom_up.net.pos_embed.global_embed", "backbone.bottom_up.net.pos_embed.window_embed"}
+    naive = build_model(R.build_cfg(spec))
+    naive.load_state_dict(sd_abs)
+    fixed = build_model(R.build_cfg(dict(spec, converted=True)))
+    fixed.load_state_dict(sd_win)
+    # at the pretraining grid the converted model adds the same embedding
+    torch.testing.assert_close(_embedding(fixed, (16, 16)), _embedding(naive, (16, 16)), rtol=0, atol=1e-6)
+    for k in (2, 4):
+        hw = (16 * k, 16 * k)
+        ws_naive = window_similarity(_embedding(naive, hw), R.WINDOW, centred=True)
+        ws_fixed = window_similarity(_embedding(fixed, hw), R.WINDOW, centred=True)
+        assert ws_naive < 0.2 < 0.7 < ws_fixed, (k, ws_naive, ws_fixed)
+        # naive interpolation is what the diagnostics call naive: bicubic of the 16x16 grid
+        torch.testing.assert_close(_embedding(naive, hw), naive_resize(_embedding(naive, (16, 16)), hw),
+                                   rtol=0, atol=1e-5)
+
+
+def test_conversion_refuses_a_checkpoint_without_an_absolute_embedding(tmp_path):
+    from winpos.d2.engine import build_model
+
+    model = build_model(R.build_cfg(_spec(tmp_path, "rope")))
+    src = tmp_path / "rope.pth"
+    torch.save({"model": model.state_dict()}, src)
+    with pytest.raises(WinposError, match="no backbone.bottom_up.net.pos_embed.pos_embed"):
+        R.convert_abs_to_abswin(str(src), str(tmp_path / "out.pth"))
+    assert not (tmp_path / "out.pth").exists()
+
+
+def test_export_writes_fp16_weights_and_a_manifest_the_demo_checks(tmp_path):
+    from winpos.d2.demo import check_stage1
+    from winpos.d2.engine import build_model
+
+    p = R.Protocol(config=CONFIG, output_dir=str(tmp_path))
+    out = Path(R.stage1_spec(p, "abs_periodic")["out"])
+    out.mkdir(parents=True)
+    R.periodic_start(_spec(tmp_path, "abs_periodic"), str(out / "model_final.pth"))
+    dst = tmp_path / "ship" / "stage1.pth"
+    dst.parent.mkdir()
+    info = R.export_stage1(p, "abs_periodic", str(dst), "python tools/reproduce.py --test")
+    manifest = dst.with_suffix(".json")
+    assert json.loads(manifest.read_text()) == info
+    assert info["command"] == "python tools/reproduce.py --test" and info["seed"] == 0
+    assert info["window_structure"]["ws"] > 0.7
+    sd = torch.load(dst, weights_only=True)["model"]
+    assert all(v.dtype == torch.float16 for v in sd.values() if v.is_floating_point())
+    build_model(R.build_cfg(_spec(tmp_path, "abs"))).load_state_dict(sd)  # loads into the fp32 detector
+    assert check_stage1(str(dst), str(manifest))["sha256"] == info["sha256"]
+
+    data = bytearray(dst.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    dst.write_bytes(bytes(data))
+    with pytest.raises(WinposError, match="corrupt or was replaced"):
+        check_stage1(str(dst), str(manifest))
+    with pytest.raises(WinposError, match="is missing; restore it"):
+        check_stage1(str(tmp_path / "gone.pth"), str(manifest))
+    manifest.write_text("{")
+    with pytest.raises(WinposError, match="is not valid"):
+        check_stage1(str(dst), str(manifest))
+
+
+def test_one_run_end_to_end_in_its_own_process_and_resumed(tmp_path):
+    spec = _spec(tmp_path, "abs_periodic")
+    logs = []
+    out = R._launch(spec, logs.append)
+    assert set(out["bbox"]) >= {"AP", "AP50"} and set(out["segm"]) >= {"AP"}
+    assert out["spec"]["iters"] == 2 and logs[0] == "start t" and logs[1].startswith("done  t: box AP")
+    result = Path(spec["out"]) / "result.json"
+    assert json.loads(result.read_text()) == out
+    assert (Path(spec["out"]) / "init_periodic.pth").is_file()
+    # a finished run is not run again; without its result file it is re-evaluated, not retrained
+    assert R._launch(spec, logs.append) == out and len(logs) == 2
+    result.unlink()
+    again = R._launch(spec, logs.append)
+    assert again["bbox"]["AP"] == pytest.approx(out["bbox"]["AP"], abs=1e-9)
+    assert (Path(spec["out"]) / "log.txt").read_text().count("Starting training from iteration 0") == 1
+
+
+def test_a_failed_run_names_its_log(tmp_path):
+    spec = _spec(tmp_path, "abs", init=str(tmp_path / "missing.pth"))
+    with pytest.raises(WinposError, match=r"run t failed \(exit 1\); its log: .*abs/log.txt"):
+        R._launch(spec, lambda m: None)
+
+
+def test_table_and_plot_from_a_summary(tmp_path):
+    def cell(*box):
+        return {"box": list(box), "mask": [b / 2 for b in box], "box_mean": sum(box) / len(box), "box_std": 1.0,
+                "mask_mean": sum(box) / len(box) / 2, "mask_std": 0.5}
+
+    summary = {"protocol": {"finetune_iters": 100},
+               "stage1": {"abs_periodic": {"window_structure": {"ws": 0.8, "ws_naive_2x": 0.07, "ws_naive_4x": 0.0}},
+                          "rope": {"window_structure": None}},
+               "stage2": {"abs_periodic": {"canvas": {"2x": cell(10, 12, 14)}, "upscaled": {"2x": cell(20, 22)}},
+                          "abs_periodic2win": {"canvas": {"2x": cell(30, 32, 34)}},
+                          "rope": {"upscaled": {"2x": cell(25, 26)}}}}
+    summary["stage1"]["abs_periodic2win"] = summary["stage1"]["abs_periodic"]
+    table = R.format_table(summary).splitlines()
+    assert table[0].startswith("| row | stage-1 WS@4") and "canvas 2x" in table[0] and "upscaled 2x" in table[0]
+    assert "| (a') periodic-start abs, naive | 0.80 (0.07 / 0.00) | 12.0 ± 1.0 / 6.0 ± 0.5 | 21.0" in table[2]
+    assert "0.80 (tiled: 0.80) | 32.0 ± 1.0" in table[3] and table[3].endswith("| - |")
+    assert "n/a (no embedding) | - | 25.5" in table[4]
+    R.plot_results(summary, str(tmp_path / "r.png"))
+    assert (tmp_path / "r.png").stat().st_size > 10000
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rows", "abs,nope"], "unknown row(s) ['nope']"),
+    (["--multipliers", "2,1.1"], "do not tile"),
+    (["--multipliers", "two"], "--multipliers: expected comma-separated numbers"),
+    (["--seeds", "a"], "--seeds: expected comma-separated integer seeds"),
+    (["--finetune-iters", "0"], "--finetune-iters"),
+    (["--export-stage1", "abs"], "must be ENCODING:PATH"),
+])
+def test_reproduce_cli_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "reproduce.py"), "--output", str(tmp_path / "o"),
+                           *args], capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert message in lines[-1] and lines[-1].startswith(("error:", "usage:")) or message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("what", ["missing", "corrupt"])
+def test_demo_refuses_a_missing_or_corrupt_shipped_checkpoint(what, tmp_path):
+    ckpt, manifest = tmp_path / "s.pth", tmp_path / "s.json"
+    if what == "corrupt":
+        ckpt.write_bytes(b"not the shipped weights")
+        manifest.write_text(json.dumps({"sha256": "0" * 64}))
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "run_demo.py"), "--output", str(tmp_path / "o"),
+                           "--checkpoint", str(ckpt), "--manifest", str(manifest)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: stage-1 checkpoint") and ("is missing" if what == "missing" else "corrupt") in line
+    assert not (tmp_path / "o").exists()

@@ -1,0 +1,623 @@
+"""The window-attention bug and its fixes, end to end at CPU scale (``tools/reproduce.py``).
+
+Protocol (Bolya et al., ICLR 2024, shrunk to the embedded one-class shapes data):
+
+* **Stage 1** pretrains a small HieraDet Mask R-CNN at a low resolution (64 px: a 16x16 token grid attended in
+  4x4-token windows) with one position encoding per run: a learned absolute embedding (``abs``), abs-win,
+  RoPE, LookHere, or abs + relpos in every block. Its learned embedding is measured with winpos's window
+  similarity (WS at the stage-1 window, centred).
+* **Stage 2** finetunes each stage-1 detector at ``k`` times the token grid (2x: 128 px, 4x: 256 px), windows
+  unchanged, with the same budget for every row and ``seeds`` seeds, and evaluates box / mask AP (pycocotools)
+  at that size. Two conditions separate what a larger input changes: ``upscaled`` (the 64 px images resized by
+  ``k``: objects grow with the grid) and ``canvas`` (a ``k`` times larger image holding objects of the 64 px
+  size at the same density: only the grid grows).
+
+Rows (``ROWS``): (a) ``abs``: the absolute embedding naively interpolated; (b) ``abs2win``: the same checkpoint
+converted exactly to abs-win on import (``convert_abs_to_abswin``); (a') / (b') the same two for an absolute
+embedding that starts window-periodic (``periodic_start``: what Hiera's MAE embedding looks like; a detector
+trained from the usual random start for minutes learns a smooth whole-image code instead, WS near 0); (c) ``abswin`` pretrained and finetuned;
+(d) ``rope``; (e) ``lookhere``; (f) ``relpos``: abs + relpos in every block, both naively interpolated (ViTDet's
+original recipe). Every run is a subprocess with one torch thread, ``workers`` at a time; each writes
+``result.json`` atomically when it finishes, so a re-run skips finished runs and resumes unfinished ones.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from winpos.errors import WinposError
+
+logger = logging.getLogger(__name__)
+
+PRETRAIN_SIZE = 64
+WINDOW = 4  # stage-1 window in tokens (configs/shapes/reproduce_hieradet.py: window_spec[0])
+PRETRAIN_SHAPES = dict(image_size=PRETRAIN_SIZE, train_images=2000, val_images=200, min_objects=1, max_objects=6)
+CONDITIONS = ("canvas", "upscaled")
+
+# backbone fields of each pretrained encoding
+ENCODINGS = {
+    "abs": dict(pos_embed="abs", window_pos="none", global_pos="none"),
+    "abs_periodic": dict(pos_embed="abs", window_pos="none", global_pos="none"),  # + window-periodic start
+    "abswin": dict(pos_embed="abswin", window_pos="none", global_pos="none"),
+    "rope": dict(pos_embed="none", window_pos="rope", global_pos="rope"),
+    "lookhere": dict(pos_embed="none", window_pos="lookhere", global_pos="lookhere"),
+    "relpos": dict(pos_embed="abs", window_pos="relpos", global_pos="relpos"),
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    pretrained: str  # key of ENCODINGS: which stage-1 checkpoint the row starts from
+    convert: bool = False  # abs -> abs-win on import
+
+
+ROWS = {
+    "abs": Row("(a) abs, naive interpolation", "abs"),
+    "abs2win": Row("(b) abs -> abs-win on import", "abs", convert=True),
+    "abs_periodic": Row("(a') periodic-start abs, naive", "abs_periodic"),
+    "abs_periodic2win": Row("(b') periodic-start abs -> abs-win", "abs_periodic", convert=True),
+    "abswin": Row("(c) abs-win pretrained", "abswin"),
+    "rope": Row("(d) RoPE", "rope"),
+    "lookhere": Row("(e) LookHere", "lookhere"),
+    "relpos": Row("(f) abs + relpos everywhere, naive", "relpos"),
+}
+
+
+@dataclass
+class Protocol:
+    """Budgets of one reproduction. ``pretrain_iters`` / ``finetune_iters`` at batch 8."""
+
+    config: str
+    output_dir: str = "output/reproduce"
+    rows: tuple = tuple(ROWS)
+    multipliers: tuple = (2, 4)
+    conditions: tuple = CONDITIONS
+    seeds: tuple = (0, 1, 2)
+    pretrain_iters: int = 1500
+    finetune_iters: int = 150
+    pretrain_lr: float = 1e-3
+    finetune_lr: float = 2e-4
+    workers: int = 2
+    stage1_dir: str | None = None  # where stage-1 checkpoints live (default <output_dir>/stage1)
+
+    def validate(self) -> None:
+        bad = [r for r in self.rows if r not in ROWS]
+        if bad:
+            raise WinposError(f"unknown row(s) {bad}; choose from {', '.join(ROWS)}")
+        bad = [c for c in self.conditions if c not in CONDITIONS]
+        if bad:
+            raise WinposError(f"unknown condition(s) {bad}; choose from {', '.join(CONDITIONS)}")
+        for k in self.multipliers:
+            check_multiplier(k)
+        if not self.seeds:
+            raise WinposError("no seeds given; pass at least one, e.g. --seeds 0,1,2")
+        for name, v in (("pretrain_iters", self.pretrain_iters), ("finetune_iters", self.finetune_iters),
+                        ("workers", self.workers)):
+            if not isinstance(v, int) or v < 1:
+                raise WinposError(f"{name}={v!r} must be a positive int")
+        if not os.path.isfile(self.config):
+            raise WinposError(f"config {self.config!r} does not exist; pass configs/shapes/reproduce_hieradet.py "
+                              "from a winpos checkout")
+
+
+def check_multiplier(k, window: int = WINDOW, pretrain_size: int = PRETRAIN_SIZE) -> int:
+    """Image side of stage 2 at ``k`` times the pretraining token grid; the stage-1 windows must tile that grid
+    exactly, else the comparison would mix in padded windows."""
+    if isinstance(k, bool) or not isinstance(k, (int, float)) or not k >= 1:
+        raise WinposError(f"grid multiplier {k!r} must be a number >= 1 (1 = the {pretrain_size // 4}x"
+                          f"{pretrain_size // 4} pretraining grid), e.g. 2 or 4")
+    grid = pretrain_size // 4 * k
+    if grid != int(grid) or int(grid) % window:
+        fits = ", ".join(f"{m:g}" for m in (1.25, 1.5, 2, 3, 4))
+        raise WinposError(f"grid multiplier {k:g} gives a {grid:g}x{grid:g} token grid that the {window}-token "
+                          f"windows do not tile; use a multiplier that keeps it a multiple of {window}, e.g. {fits}")
+    return int(grid) * 4
+
+
+def label(k) -> str:
+    """``2`` -> ``"2x"``, ``1.5`` -> ``"1.5x"``."""
+    return f"{k:g}x"
+
+
+def dataset_params(k, condition: str) -> dict:
+    """Shapes-generator parameters of the stage-2 data (see the module docstring)."""
+    if condition not in CONDITIONS:
+        raise WinposError(f"unknown condition {condition!r}; choose from {', '.join(CONDITIONS)}")
+    size = check_multiplier(k)
+    if condition == "upscaled" or k == 1:
+        return dict(PRETRAIN_SHAPES)
+    a = k * k  # same density and the same total object count and pixels as the 64 px set
+    return dict(image_size=size, object_side=PRETRAIN_SIZE, train_images=math.ceil(2000 / a),
+                val_images=max(math.ceil(200 / a), 16), min_objects=round(a), max_objects=round(6 * a))
+
+
+# ------------------------------------------------------------------------------------------ one run (subprocess)
+def _schedule(max_iter: int, warmup: int):
+    from detectron2.config import LazyCall as L
+    from detectron2.solver import WarmupParamScheduler
+    from fvcore.common.param_scheduler import MultiStepParamScheduler
+
+    step = min(round(0.85 * max_iter), max_iter - 1)  # lr x0.1 for the last 15%
+    values, milestones = ([1.0, 0.1], [step]) if step >= 1 else ([1.0], [])
+    return L(WarmupParamScheduler)(
+        scheduler=L(MultiStepParamScheduler)(values=values, milestones=milestones, num_updates=max_iter),
+        warmup_length=min(warmup / max_iter, 0.5), warmup_factor=0.001)
+
+
+def build_cfg(spec: dict):
+    """The LazyConfig of one run from its spec (encoding, size, dataset, init, iterations, lr, seed, out dir)."""
+    from winpos.d2.config import load_config
+
+    cfg = load_config(spec["config"], [])
+    net = cfg.model.backbone.bottom_up
+    for key, value in ENCODINGS[spec["encoding"]].items():
+        setattr(net, key, value)
+    if spec.get("converted"):
+        net.pos_embed, net.pos_global_size = "abswin", PRETRAIN_SIZE // 4  # the residual at the 16x16 grid
+    size = spec["size"]
+    cfg.model.backbone.square_pad = size
+    for part in (cfg.dataloader.train, cfg.dataloader.test):
+        part.dataset.shapes = dict(spec["shapes"])
+        part.mapper.image_size = size
+    if spec.get("four_class"):  # the four outlines as classes; the class-specific predictors start afresh
+        cfg.dataloader.train.dataset.names, cfg.dataloader.test.dataset.names = "shapes_train", "shapes_val"
+        cfg.model.roi_heads.num_classes = 4
+    cfg.train.max_iter = spec["iters"]
+    cfg.train.seed = spec["seed"]
+    cfg.train.output_dir = spec["out"]
+    cfg.train.init_checkpoint = spec.get("init", "")
+    cfg.train.checkpointer.period = max(spec["iters"] // 4, 50)
+    cfg.train.eval_period = 0
+    cfg.train.device = "cpu"
+    cfg.optimizer.lr = spec["lr"]
+    cfg.lr_multiplier = _schedule(spec["iters"], spec.get("warmup", 50))
+    return cfg
+
+
+def run_one(spec: dict) -> dict:
+    """Train (resuming) and evaluate one run; write ``<out>/result.json`` atomically and return it. Meant for a
+    fresh process (``_launch``): the embedded datasets are registered once per process with the spec's sizes."""
+    from detectron2.utils.logger import setup_logger
+
+    import winpos.d2  # noqa: F401 - registrations
+    from winpos.d2.engine import do_train
+    from winpos.outputs import atomic_write
+
+    os.makedirs(spec["out"], exist_ok=True)
+    setup_logger(output=os.path.join(spec["out"], "log.txt"), name="detectron2", abbrev_name="d2")
+    setup_logger(output=os.path.join(spec["out"], "log.txt"), name="winpos")
+    if spec["encoding"] == "abs_periodic" and not spec.get("init"):
+        spec = dict(spec, init=os.path.join(spec["out"], "init_periodic.pth"))
+        if not os.path.isfile(spec["init"]):
+            periodic_start(spec, spec["init"])
+    if spec.get("mim_iters") and not spec.get("init"):
+        spec = dict(spec, init=os.path.join(spec["out"], "init_masked.pth"))
+        if not os.path.isfile(spec["init"]):
+            pretrain_masked(spec, spec["mim_iters"], spec["init"])
+    cfg = build_cfg(spec)
+    t0 = time.time()
+    results = do_train(cfg, resume=True)
+    if not results:  # resumed a finished run without a result file: evaluate its final weights
+        results = evaluate_checkpoint_cfg(cfg)
+    out = {"spec": spec, "seconds": time.time() - t0,
+           "bbox": {k: float(v) for k, v in results["bbox"].items()},
+           "segm": {k: float(v) for k, v in results["segm"].items()}}
+    atomic_write(os.path.join(spec["out"], "result.json"), lambda f: json.dump(out, f, indent=1), "w")
+    return out
+
+
+def evaluate_checkpoint_cfg(cfg) -> dict:
+    from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
+    from winpos.d2.engine import build_model
+    from winpos.d2.evaluate import evaluate
+
+    model = build_model(cfg)
+    load_init_checkpoint(WinposCheckpointer(model), os.path.join(cfg.train.output_dir, "model_final.pth"))
+    model.eval()
+    return evaluate(cfg, model, os.path.join(cfg.train.output_dir, "inference"), progress=False)
+
+
+def _launch(spec: dict, log) -> dict:
+    result = Path(spec["out"]) / "result.json"
+    if result.is_file():
+        return json.loads(result.read_text())
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    t0 = time.time()
+    log(f"start {spec['name']}")
+    proc = subprocess.run([sys.executable, "-c", "import json,sys; from winpos.d2.reproduce import run_one; "
+                           "run_one(json.loads(sys.argv[1]))", json.dumps(spec)],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0 or not result.is_file():
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise WinposError(f"run {spec['name']} failed (exit {proc.returncode}); its log: {spec['out']}/log.txt\n{tail}")
+    out = json.loads(result.read_text())
+    log(f"done  {spec['name']}: box AP {out['bbox']['AP']:.1f}, mask AP {out['segm']['AP']:.1f} "
+        f"({(time.time() - t0) / 60:.1f} min)")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ conversion
+def convert_abs_to_abswin(src: str, dst: str) -> dict:
+    """Write a copy of the stage-1 ``abs`` detector checkpoint ``src`` with its absolute embedding replaced by the
+    exact abs-win projection (window part = mean of the 4x4-token tiles, global part = the residual at the
+    16x16 grid). At 64 px the converted model computes the same embedding; at a larger grid the window part is
+    tiled and only the residual is interpolated. Returns the WS / energy numbers of the split."""
+    import torch
+
+    from winpos.diagnostics.metrics import periodic_energy_ratio
+    from winpos.outputs import atomic_write
+    from winpos.posemb.abswin import abs_to_abswin
+
+    ckpt = torch.load(src, map_location="cpu", weights_only=True)
+    sd = dict(ckpt["model"])
+    key = "backbone.bottom_up.net.pos_embed.pos_embed"
+    if key not in sd:
+        raise WinposError(f"{src} has no {key}: it is not a stage-1 checkpoint with an absolute embedding")
+    flat = sd.pop(key)
+    n, g = flat.shape[1], PRETRAIN_SIZE // 4
+    if n != g * g:
+        raise WinposError(f"{key} in {src} holds {n} positions, expected {g}x{g}; was it trained at {PRETRAIN_SIZE} px?")
+    grid = flat.float().reshape(1, g, g, -1).permute(0, 3, 1, 2)  # fp32 even from an fp16 file
+    global_embed, window_embed = abs_to_abswin(grid, WINDOW)
+    sd["backbone.bottom_up.net.pos_embed.global_embed"] = global_embed.contiguous()
+    sd["backbone.bottom_up.net.pos_embed.window_embed"] = window_embed.contiguous()
+    atomic_write(dst, lambda f: torch.save({"model": sd}, f), "wb")
+    return {"periodic_energy": periodic_energy_ratio(grid[0], WINDOW)}
+
+
+def periodic_start(spec: dict, dst: str, window_std: float = 0.1, global_std: float = 0.05) -> dict:
+    """Write the freshly initialized detector of ``spec`` with its absolute embedding set to a window-periodic start:
+    one random ``4 x 4 x C`` pattern (std ``window_std``) tiled over the 16x16 grid plus a smooth global term (a
+    random 4x4 grid, bicubic to 16x16, std ``global_std``); centred WS at 4 tokens about 0.8, like the README's
+    planted Hiera example. The scale (0.1) is that of the embedding a detector learns here from the random start."""
+    import torch
+
+    from winpos.d2.engine import build_model
+    from winpos.outputs import atomic_write
+    from winpos.posemb.abswin import tile_to_grid
+    from winpos.posemb.interp import resize_grid
+
+    torch.manual_seed(spec["seed"])
+    model = build_model(build_cfg(dict(spec, init="")))
+    pe = model.backbone.bottom_up.net.pos_embed.pos_embed  # (1, 256, C)
+    g, c = PRETRAIN_SIZE // 4, pe.shape[-1]
+    gen = torch.Generator().manual_seed(1000 + spec["seed"])
+    window = torch.randn(1, c, WINDOW, WINDOW, generator=gen) * window_std
+    smooth = resize_grid(torch.randn(1, c, 4, 4, generator=gen), (g, g))
+    grid = tile_to_grid(window, (g, g)) + smooth / smooth.std() * global_std  # (1, C, 16, 16)
+    with torch.no_grad():
+        pe.copy_(grid.permute(0, 2, 3, 1).reshape(1, g * g, c))
+    atomic_write(dst, lambda f: torch.save({"model": model.state_dict()}, f), "wb")
+    return window_structure(dst)
+
+
+def embedding_grid(checkpoint: str):
+    """The absolute embedding a stage-1 checkpoint adds at its 16x16 grid, ``(C, 16, 16)``, or None."""
+    import torch
+
+    from winpos.posemb.abswin import abswin_embedding
+
+    sd = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+    g = PRETRAIN_SIZE // 4
+    if "backbone.bottom_up.net.pos_embed.pos_embed" in sd:
+        return sd["backbone.bottom_up.net.pos_embed.pos_embed"].reshape(g, g, -1).permute(2, 0, 1).float()
+    if "backbone.bottom_up.net.pos_embed.window_embed" in sd:
+        return abswin_embedding(sd["backbone.bottom_up.net.pos_embed.global_embed"],
+                                sd["backbone.bottom_up.net.pos_embed.window_embed"], (g, g))[0].float()
+    return None
+
+
+def window_structure(checkpoint: str) -> dict | None:
+    """WS of a stage-1 embedding at its window (centred) and after a naive 2x / 4x interpolation."""
+    from winpos.diagnostics.metrics import naive_resize, periodic_energy_ratio, window_similarity
+
+    E = embedding_grid(checkpoint)
+    if E is None:
+        return None
+    g = PRETRAIN_SIZE // 4
+    out = {"ws": window_similarity(E, WINDOW, centred=True), "periodic_energy": periodic_energy_ratio(E, WINDOW)}
+    for k in (2, 4):
+        out[f"ws_naive_{k}x"] = window_similarity(naive_resize(E, (g * k, g * k)), WINDOW, centred=True)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ orchestration
+def stage1_spec(p: Protocol, encoding: str) -> dict:
+    root = Path(p.stage1_dir or Path(p.output_dir) / "stage1")
+    return dict(name=f"stage1/{encoding}", config=p.config, encoding=encoding, size=PRETRAIN_SIZE,
+                shapes=dict(PRETRAIN_SHAPES), iters=p.pretrain_iters, seed=0, lr=p.pretrain_lr,
+                out=str(root / encoding), warmup=50)
+
+
+def stage2_spec(p: Protocol, row: str, k: int, condition: str, seed: int) -> dict:
+    r = ROWS[row]
+    init = str(Path(stage1_spec(p, r.pretrained)["out"]) / "model_final.pth")
+    if r.convert:
+        init = str(Path(p.output_dir) / "stage2" / f"{r.pretrained}2win_init.pth")
+    return dict(name=f"{row}/{condition}/{label(k)}/seed{seed}", config=p.config, encoding=r.pretrained,
+                converted=r.convert, size=check_multiplier(k), shapes=dataset_params(k, condition),
+                iters=p.finetune_iters, seed=seed, lr=p.finetune_lr, init=init, warmup=20,
+                out=str(Path(p.output_dir) / "stage2" / row / condition / label(k) / f"seed{seed}"))
+
+
+def _pool(specs, workers, log) -> list[dict]:
+    if not specs:
+        return []
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(lambda s: _launch(s, log), specs))
+
+
+def _mean_std(values):
+    import statistics
+
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(p: Protocol, stage1: dict, runs: list[dict]) -> dict:
+    """Mean, sample std and per-seed values of box / mask AP per (row, condition, multiplier)."""
+    table = {}
+    for out in runs:
+        s = out["spec"]
+        row = s["name"].split("/")[0]
+        cell = table.setdefault(row, {}).setdefault(s["name"].split("/")[1], {}).setdefault(label(s["size"] / PRETRAIN_SIZE), {
+            "box": [], "mask": []})
+        cell["box"].append(out["bbox"]["AP"])
+        cell["mask"].append(out["segm"]["AP"])
+    for row in table.values():
+        for cond in row.values():
+            for cell in cond.values():
+                for key in ("box", "mask"):
+                    cell[f"{key}_mean"], cell[f"{key}_std"] = _mean_std(cell[key])
+    return {"protocol": {k: v for k, v in vars(p).items()}, "stage1": stage1, "stage2": table}
+
+
+def run_protocol(p: Protocol, log=print) -> dict:
+    """Stage 1 for every encoding the rows need, the abs -> abs-win conversion, then every stage-2 run."""
+    p.validate()
+    out_dir = Path(p.output_dir)
+    (out_dir / "stage2").mkdir(parents=True, exist_ok=True)
+    encodings = sorted({ROWS[r].pretrained for r in p.rows})
+    t0 = time.time()
+    log(f"stage 1: pretraining {', '.join(encodings)} at {PRETRAIN_SIZE} px, {p.pretrain_iters} iterations each")
+    _pool([stage1_spec(p, e) for e in encodings if not (Path(stage1_spec(p, e)["out"]) / "model_final.pth").is_file()
+           or not (Path(stage1_spec(p, e)["out"]) / "result.json").is_file()], p.workers, log)
+    stage1 = {}
+    for e in encodings:
+        spec = stage1_spec(p, e)
+        final = Path(spec["out"]) / "model_final.pth"
+        if not final.is_file():
+            raise WinposError(f"stage-1 checkpoint {final} is missing; delete {spec['out']} and re-run to pretrain it")
+        res = Path(spec["out"]) / "result.json"
+        ap = json.loads(res.read_text()) if res.is_file() else None
+        stage1[e] = {"checkpoint": str(final), "window_structure": window_structure(str(final)),
+                     "box_AP_64px": ap["bbox"]["AP"] if ap else None, "mask_AP_64px": ap["segm"]["AP"] if ap else None}
+    for enc in sorted({ROWS[r].pretrained for r in p.rows if ROWS[r].convert}):
+        dst = out_dir / "stage2" / f"{enc}2win_init.pth"
+        if not dst.is_file():
+            convert_abs_to_abswin(stage1[enc]["checkpoint"], str(dst))
+    specs = [stage2_spec(p, r, k, c, s) for k in p.multipliers for c in p.conditions for s in p.seeds for r in p.rows]
+    log(f"stage 2: {len(specs)} finetuning runs ({len(p.rows)} rows x {len(p.conditions)} conditions x "
+        f"{len(p.multipliers)} grid multipliers x {len(p.seeds)} seeds), {p.finetune_iters} iterations each")
+    runs = _pool(specs, p.workers, log)
+    summary = summarize(p, stage1, runs)
+    summary["minutes"] = (time.time() - t0) / 60
+    from winpos.outputs import atomic_write
+
+    atomic_write(str(out_dir / "results.json"), lambda f: json.dump(summary, f, indent=1), "w")
+    return summary
+
+
+def _multiplier_labels(st2: dict, condition: str) -> list[str]:
+    found = {k for cells in st2.values() for k in cells.get(condition, {})}
+    return sorted(found, key=lambda k: float(k[:-1]))
+
+
+def format_table(summary: dict) -> str:
+    """Markdown table: one line per row, box / mask AP mean +- std per (condition, multiplier), WS of its start."""
+    st2 = summary["stage2"]
+    cols = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
+    head = "| row | stage-1 WS@4 (naive 2x / 4x) | " + " | ".join(f"{c} {k} box / mask AP" for c, k in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    for row, cells in st2.items():
+        ws = summary["stage1"][ROWS[row].pretrained]["window_structure"]
+        if ws is None:
+            ws_txt = "n/a (no embedding)"
+        elif ROWS[row].convert:
+            ws_txt = f"{ws['ws']:.2f} (tiled: {ws['ws']:.2f})"
+        else:
+            ws_txt = f"{ws['ws']:.2f} ({ws['ws_naive_2x']:.2f} / {ws['ws_naive_4x']:.2f})"
+        vals = []
+        for c, k in cols:
+            cell = cells.get(c, {}).get(k)
+            vals.append("-" if cell is None else
+                        f"{cell['box_mean']:.1f} ± {cell['box_std']:.1f} / {cell['mask_mean']:.1f} ± {cell['mask_std']:.1f}")
+        lines.append(f"| {ROWS[row].label} | {ws_txt} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def plot_results(summary: dict, path: str) -> None:
+    """Box AP (mean and per-seed points) per row, one panel per (condition, multiplier)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st2 = summary["stage2"]
+    panels = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
+    rows = list(st2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
+    for ax, (c, k) in zip(axes[0], panels):
+        for i, row in enumerate(rows):
+            cell = st2[row].get(c, {}).get(k)
+            if cell is None:
+                continue
+            color = "C3" if row == "abs" else "C2" if row == "abs2win" else "C0"
+            ax.bar(i, cell["box_mean"], color=color, alpha=0.55)
+            ax.errorbar(i, cell["box_mean"], yerr=cell["box_std"], color="k", capsize=3)
+            ax.plot([i] * len(cell["box"]), cell["box"], "k.", ms=4)
+        grid = round(PRETRAIN_SIZE // 4 * float(k[:-1]))
+        ax.set_title(f"{c}, {k} grid ({grid}x{grid} tokens)", fontsize=10)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([ROWS[r].label.split(")")[0] + ") " + r for r in rows], rotation=45, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("box AP (pycocotools), mean ± std over seeds")
+    fig.suptitle(f"Finetuning a 64 px-pretrained HieraDet Mask R-CNN at a larger token grid "
+                 f"({summary['protocol']['finetune_iters']} iterations each)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------- stage 1a: masked image modelling
+class MaskedTokenDecoder(__import__("torch").nn.Module):
+    """Light pixel decoder for masked-token pretraining: each stage output ``(B, h, w, C_i)`` -> a linear to
+    ``dim``, upsampled to the stride-4 grid and summed, -> GELU -> the ``4 x 4 x 3`` pixels of each token."""
+
+    def __init__(self, channels, dim=96, patch=4):
+        import torch.nn as nn
+
+        super().__init__()
+        self.lateral = nn.ModuleList(nn.Linear(c, dim) for c in channels)
+        self.head = nn.Sequential(nn.GELU(), nn.Linear(dim, patch * patch * 3))
+
+    def forward(self, stages, hw):
+        import torch.nn.functional as F
+
+        out = 0
+        for lat, x in zip(self.lateral, stages):
+            y = lat(x).permute(0, 3, 1, 2)  # (B, h, w, C) -> (B, dim, h, w)
+            out = out + F.interpolate(y, size=hw, mode="nearest")
+        return self.head(out.permute(0, 2, 3, 1))  # (B, H, W, 48)
+
+
+def _masked_forward(net, images, mask, mask_token):
+    """HieraDet forward with the tokens where ``mask (B, H, W)`` is True replaced by ``mask_token`` before the
+    position embedding is added (SimMIM); returns the four stage outputs ``(B, h_i, w_i, C_i)``."""
+    import torch
+
+    x = net.patch_embed(images)  # (B, H, W, C)
+    x = torch.where(mask[..., None], mask_token.to(x.dtype), x)
+    if net.pos_embed is not None:
+        x = x + net.pos_embed(tuple(x.shape[1:3]))
+    outs = []
+    for i, blk in enumerate(net.blocks):
+        x = blk(x)
+        if i in net.stage_ends:
+            outs.append(x)
+    return outs
+
+
+def pretrain_masked(spec: dict, iters: int, dst: str, batch: int = 32, ratio: float = 0.5, lr: float = 1.5e-3,
+                    pos_lr_mult: float = 1.0) -> dict:
+    """Stage 1a: masked-token pretraining of the detector's HieraDet on the 64 px shapes images.
+
+    Mask units are the stage-1 windows (4x4 tokens, 16 px), as in Hiera's MAE: about ``ratio`` of them are
+    blanked in the image and their tokens replaced by a learned mask token, and the pixels of every masked token
+    (normalized per token, as MAE's ``norm_pix_loss``) are regressed from all four stages. Inside a masked
+    window the tokens differ only by their position, so drawing a unit's 16 tokens asks for within-window
+    position, which an absolute embedding under weight-shared window attention gives by repeating the same
+    pattern in every window: the structure Hiera's MAE embedding learns. Writes the whole detector (heads untrained) to ``dst``.
+    """
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from detectron2.data import DatasetCatalog
+    from PIL import Image
+
+    from winpos.d2.data import ensure_registered
+    from winpos.d2.engine import build_model
+    from winpos.outputs import atomic_write
+
+    cfg = build_cfg(spec)
+    torch.manual_seed(spec["seed"])
+    model = build_model(cfg)
+    net = model.backbone.bottom_up.net
+    ensure_registered(["shapes1_train"], dict(spec["shapes"]))
+    files = [d["file_name"] for d in DatasetCatalog.get("shapes1_train")]
+    imgs = torch.from_numpy(np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files]))  # (N, H, W, 3)
+    mean = torch.tensor(cfg.model.pixel_mean).view(1, 3, 1, 1)
+    std = torch.tensor(cfg.model.pixel_std).view(1, 3, 1, 1)
+    decoder = MaskedTokenDecoder(net.channels)
+    mask_token = torch.nn.Parameter(torch.zeros(1, 1, 1, net.channels[0]))
+    pos = [p for n, p in net.named_parameters() if n.startswith("pos_embed.")]
+    rest = [p for n, p in net.named_parameters() if not n.startswith("pos_embed.")]
+    opt = torch.optim.AdamW([{"params": rest + list(decoder.parameters()) + [mask_token], "mult": 1.0},
+                             {"params": pos, "mult": pos_lr_mult, "weight_decay": 0.0}],
+                            lr=lr, weight_decay=0.05, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(spec["seed"])
+    losses = []
+    t0 = time.time()
+    for it in range(iters):
+        for g in opt.param_groups:  # linear warmup, cosine decay
+            g["lr"] = g["mult"] * lr * min(1.0, (it + 1) / 100) * 0.5 * (1 + np.cos(np.pi * it / iters))
+        idx = torch.randint(len(imgs), (batch,), generator=gen)
+        x = imgs[idx].permute(0, 3, 1, 2).float()  # (B, 3, H, W)
+        flip = torch.rand(batch, generator=gen) < 0.5
+        x[flip] = x[flip].flip(-1)
+        x = (x - mean) / std
+        B, _, H, W = x.shape
+        h, w = H // 4, W // 4
+        u = WINDOW  # mask units = the stage-1 windows, as Hiera's MAE
+        mask = (torch.rand(B, h // u, w // u, generator=gen) < ratio).repeat_interleave(u, 1).repeat_interleave(u, 2)
+        target = F.unfold(x, 4, stride=4).transpose(1, 2).reshape(B, h, w, 48)
+        # blank the masked pixels too: the 7x7 stride-4 patch embedding of a visible neighbour would see them
+        x = x * ~mask.repeat_interleave(4, 1).repeat_interleave(4, 2)[:, None]
+        stages = _masked_forward(net, x, mask, mask_token)
+        pred = decoder(stages, (h, w))  # (B, h, w, 48)
+        target = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6).sqrt()
+        loss = ((pred - target) ** 2).mean(-1)[mask].mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if (it + 1) % 100 == 0:
+            ws = ""
+            if net.pos_embed is not None and hasattr(net.pos_embed, "pos_embed"):
+                from winpos.diagnostics.metrics import window_similarity
+
+                g = int(net.pos_embed.pos_embed.shape[1] ** 0.5)
+                E = net.pos_embed.pos_embed.detach().reshape(g, g, -1).permute(2, 0, 1)
+                ws = f", embedding WS@{WINDOW} {window_similarity(E, WINDOW, centred=True):.2f}"
+            logger.info(f"masked-token pretraining {it + 1}/{iters}: loss {np.mean(losses[-100:]):.3f}{ws} "
+                        f"({time.time() - t0:.0f} s)")
+    atomic_write(dst, lambda f: torch.save({"model": model.state_dict()}, f), "wb")
+    return {"loss_first100": float(np.mean(losses[:100])), "loss_last100": float(np.mean(losses[-100:])),
+            "seconds": time.time() - t0}
+
+
+def export_stage1(p: Protocol, encoding: str, dst: str, command: str) -> dict:
+    """Ship a stage-1 checkpoint: the model weights only, in fp16 (half the size; stage 2 trains in fp32), written
+    atomically to ``dst``, with a manifest ``<dst stem>.json`` next to it holding the command that made it, its
+    seed and iterations, its SHA-256, its AP at 64 px and the window structure of its embedding."""
+    import hashlib
+
+    import torch
+
+    from winpos.outputs import atomic_write
+
+    spec = stage1_spec(p, encoding)
+    src = Path(spec["out"]) / "model_final.pth"
+    if not src.is_file():
+        raise WinposError(f"no stage-1 checkpoint {src} to export; run stage 1 of {encoding} first")
+    sd = torch.load(src, map_location="cpu", weights_only=True)["model"]
+    half = {k: v.half() if v.is_floating_point() else v for k, v in sd.items()}
+    atomic_write(dst, lambda f: torch.save({"model": half}, f), "wb")
+    res = Path(spec["out"]) / "result.json"
+    ap = json.loads(res.read_text()) if res.is_file() else {}
+    manifest = {"file": Path(dst).name, "sha256": hashlib.sha256(Path(dst).read_bytes()).hexdigest(),
+                "command": command, "encoding": encoding, "seed": spec["seed"], "iterations": spec["iters"],
+                "lr": spec["lr"], "dtype": "float16",
+                "box_AP_64px": ap.get("bbox", {}).get("AP"), "mask_AP_64px": ap.get("segm", {}).get("AP"),
+                "window_structure": window_structure(dst)}
+    atomic_write(str(Path(dst).with_suffix(".json")), lambda f: json.dump(manifest, f, indent=1), "w")
+    return manifest
