@@ -60,17 +60,20 @@ def main(argv=None):
     p.add_argument("--seeds", type=_seeds, default=[0, 1, 2])
     p.add_argument("--pretrain-iters", type=positive_int, default=1500)
     p.add_argument("--finetune-iters", type=positive_int, default=150)
+    p.add_argument("--mim-iters", type=int, default=0,
+                   help="optional masked-token pretraining before stage-1 detection (iterations at batch 32)")
     p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--stage1-dir", default=None, help="stage-1 checkpoints (default <output>/stage1)")
     p.add_argument("--export-stage1", metavar="ENCODING:PATH", default=None,
                    help="after stage 1, write that encoding's checkpoint (fp16, weights only) and its manifest "
                         "(command, seed, SHA-256) to PATH, e.g. abs_periodic:tools/checkpoints/stage1.pth")
     args = p.parse_args(argv)
-    from winpos.d2.reproduce import format_table, plot_results, run_protocol
+    from winpos.d2.reproduce import run_protocol
+    from winpos.d2.reproduce_report import format_table, plot_results
 
     proto = Protocol(config=args.config, output_dir=args.output, rows=args.rows, multipliers=tuple(args.multipliers),
                      conditions=args.conditions, seeds=tuple(args.seeds), pretrain_iters=args.pretrain_iters,
-                     finetune_iters=args.finetune_iters, workers=args.workers, stage1_dir=args.stage1_dir)
+                     finetune_iters=args.finetune_iters, mim_iters=args.mim_iters, workers=args.workers, stage1_dir=args.stage1_dir)
     export = None
     if args.export_stage1:
         enc, sep, path = args.export_stage1.partition(":")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from winpos.d2 import reproduce as R
+from winpos.d2.reproduce_report import format_table, plot_results
 from winpos.diagnostics.metrics import naive_resize, window_similarity
 from winpos.errors import WinposError
 
@@ -174,12 +175,12 @@ def test_table_and_plot_from_a_summary(tmp_path):
                           "abs_periodic2win": {"canvas": {"2x": cell(30, 32, 34)}},
                           "rope": {"upscaled": {"2x": cell(25, 26)}}}}
     summary["stage1"]["abs_periodic2win"] = summary["stage1"]["abs_periodic"]
-    table = R.format_table(summary).splitlines()
+    table = format_table(summary).splitlines()
     assert table[0].startswith("| row | stage-1 WS@4") and "canvas 2x" in table[0] and "upscaled 2x" in table[0]
     assert "| (a') periodic-start abs, naive | 0.80 (0.07 / 0.00) | 12.0 ± 1.0 / 6.0 ± 0.5 | 21.0" in table[2]
     assert "0.80 (tiled: 0.80) | 32.0 ± 1.0" in table[3] and table[3].endswith("| - |")
     assert "n/a (no embedding) | - | 25.5" in table[4]
-    R.plot_results(summary, str(tmp_path / "r.png"))
+    plot_results(summary, str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").stat().st_size > 10000
 
 
@@ -213,3 +214,27 @@ def test_demo_refuses_a_missing_or_corrupt_shipped_checkpoint(what, tmp_path):
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: stage-1 checkpoint") and ("is missing" if what == "missing" else "corrupt") in line
     assert not (tmp_path / "o").exists()
+
+
+def test_masked_token_pretraining_writes_a_detector_it_trained(tmp_path):
+    """Stage 1a runs in its own process (the embedded datasets are registered once per process)."""
+    spec = _spec(tmp_path, "abs")
+    dst = tmp_path / "mim.pth"
+    code = ("import json, sys; from winpos.d2.masked_pretrain import pretrain_masked; "
+            "print(json.dumps(pretrain_masked(json.loads(sys.argv[1]), 3, sys.argv[2], batch=4)))")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec), str(dst)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 < info["loss_last100"] < 10
+    from winpos.d2.engine import build_model
+
+    torch.manual_seed(spec["seed"])  # the same start as pretrain_masked's
+    fresh = build_model(R.build_cfg(spec)).state_dict()
+    trained = torch.load(dst, weights_only=True)["model"]
+    assert set(trained) == set(fresh)
+    heads = [k for k in fresh if k.startswith(("roi_heads.", "proposal_generator."))]
+    trunk = [k for k in fresh if k.startswith("backbone.bottom_up.net.")]
+    assert heads and all(torch.equal(trained[k], fresh[k]) for k in heads)  # stage 1a trains the trunk only
+    assert not torch.equal(trained["backbone.bottom_up.net.pos_embed.pos_embed"],
+                           fresh["backbone.bottom_up.net.pos_embed.pos_embed"])
+    assert sum(not torch.equal(trained[k], fresh[k]) for k in trunk) > len(trunk) // 2

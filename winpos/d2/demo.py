@@ -78,7 +78,9 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
         f"{workers} at a time")
     runs = R._pool(specs, workers, log)
     one_class = [r for r in runs if not r["spec"].get("four_class")]
-    summary = R.summarize(proto, {"abs_periodic": {"checkpoint": str(checkpoint),
+    from winpos.d2.reproduce_report import format_table, plot_results, summarize
+
+    summary = summarize(proto, {"abs_periodic": {"checkpoint": str(checkpoint),
                                           "window_structure": R.window_structure(str(checkpoint)),
                                           "box_AP_64px": info.get("box_AP_64px"),
                                           "mask_AP_64px": info.get("mask_AP_64px")}}, one_class)
@@ -87,19 +89,19 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
     summary["minutes"] = (time.time() - t0) / 60
     summary["stage1_manifest"] = info
     atomic_write(str(out / "summary.json"), lambda f: json.dump(summary, f, indent=1), "w")
-    R.plot_results(summary, str(out / "results.png"))
+    plot_results(summary, str(out / "results.png"))
     return summary
 
 
 def print_summary(summary: dict, output_dir) -> None:
-    from winpos.d2 import reproduce as R
+    from winpos.d2.reproduce_report import format_table
 
     ws = summary["stage1"]["abs_periodic"]["window_structure"]
     print(f"\n=== winpos demo: a 64 px-pretrained HieraDet Mask R-CNN finetuned at 2x its token grid "
           f"(64 px images upscaled to 128 px, one class, {summary['protocol']['finetune_iters']} iterations) ===")
     print(f"shipped stage-1 embedding: window similarity WS@4 = {ws['ws']:.2f} at 16x16 tokens; naive interpolation "
           f"to 32x32 leaves {ws['ws_naive_2x']:.2f}, abs-win keeps {ws['ws']:.2f}")
-    print(R.format_table(summary))
+    print(format_table(summary))
     fc = summary.get("four_class")
     if fc:
         print(f"four classes (circle/square/triangle/star), row (b): box AP {fc['bbox']['AP']:.1f}, "

@@ -86,6 +86,7 @@ class Protocol:
     finetune_iters: int = 150
     pretrain_lr: float = 1e-3
     finetune_lr: float = 2e-4
+    mim_iters: int = 0  # optional stage 1a: masked-token pretraining (winpos.d2.masked_pretrain)
     workers: int = 2
     stage1_dir: str | None = None  # where stage-1 checkpoints live (default <output_dir>/stage1)
 
@@ -100,6 +101,8 @@ class Protocol:
             check_multiplier(k)
         if not self.seeds:
             raise WinposError("no seeds given; pass at least one, e.g. --seeds 0,1,2")
+        if not isinstance(self.mim_iters, int) or self.mim_iters < 0:
+            raise WinposError(f"mim_iters={self.mim_iters!r} must be an int >= 0 (0 = no masked-token stage)")
         for name, v in (("pretrain_iters", self.pretrain_iters), ("finetune_iters", self.finetune_iters),
                         ("workers", self.workers)):
             if not isinstance(v, int) or v < 1:
@@ -202,6 +205,8 @@ def run_one(spec: dict) -> dict:
     if spec.get("mim_iters") and not spec.get("init"):
         spec = dict(spec, init=os.path.join(spec["out"], "init_masked.pth"))
         if not os.path.isfile(spec["init"]):
+            from winpos.d2.masked_pretrain import pretrain_masked
+
             pretrain_masked(spec, spec["mim_iters"], spec["init"])
     cfg = build_cfg(spec)
     t0 = time.time()
@@ -335,7 +340,7 @@ def stage1_spec(p: Protocol, encoding: str) -> dict:
     root = Path(p.stage1_dir or Path(p.output_dir) / "stage1")
     return dict(name=f"stage1/{encoding}", config=p.config, encoding=encoding, size=PRETRAIN_SIZE,
                 shapes=dict(PRETRAIN_SHAPES), iters=p.pretrain_iters, seed=0, lr=p.pretrain_lr,
-                out=str(root / encoding), warmup=50)
+                out=str(root / encoding), warmup=50, mim_iters=p.mim_iters)
 
 
 def stage2_spec(p: Protocol, row: str, k: int, condition: str, seed: int) -> dict:
@@ -354,31 +359,6 @@ def _pool(specs, workers, log) -> list[dict]:
         return []
     with ThreadPoolExecutor(max_workers=workers) as ex:
         return list(ex.map(lambda s: _launch(s, log), specs))
-
-
-def _mean_std(values):
-    import statistics
-
-    values = list(values)
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
-def summarize(p: Protocol, stage1: dict, runs: list[dict]) -> dict:
-    """Mean, sample std and per-seed values of box / mask AP per (row, condition, multiplier)."""
-    table = {}
-    for out in runs:
-        s = out["spec"]
-        row = s["name"].split("/")[0]
-        cell = table.setdefault(row, {}).setdefault(s["name"].split("/")[1], {}).setdefault(label(s["size"] / PRETRAIN_SIZE), {
-            "box": [], "mask": []})
-        cell["box"].append(out["bbox"]["AP"])
-        cell["mask"].append(out["segm"]["AP"])
-    for row in table.values():
-        for cond in row.values():
-            for cell in cond.values():
-                for key in ("box", "mask"):
-                    cell[f"{key}_mean"], cell[f"{key}_std"] = _mean_std(cell[key])
-    return {"protocol": {k: v for k, v in vars(p).items()}, "stage1": stage1, "stage2": table}
 
 
 def run_protocol(p: Protocol, log=print) -> dict:
@@ -409,190 +389,14 @@ def run_protocol(p: Protocol, log=print) -> dict:
     log(f"stage 2: {len(specs)} finetuning runs ({len(p.rows)} rows x {len(p.conditions)} conditions x "
         f"{len(p.multipliers)} grid multipliers x {len(p.seeds)} seeds), {p.finetune_iters} iterations each")
     runs = _pool(specs, p.workers, log)
+    from winpos.d2.reproduce_report import summarize
+
     summary = summarize(p, stage1, runs)
     summary["minutes"] = (time.time() - t0) / 60
     from winpos.outputs import atomic_write
 
     atomic_write(str(out_dir / "results.json"), lambda f: json.dump(summary, f, indent=1), "w")
     return summary
-
-
-def _multiplier_labels(st2: dict, condition: str) -> list[str]:
-    found = {k for cells in st2.values() for k in cells.get(condition, {})}
-    return sorted(found, key=lambda k: float(k[:-1]))
-
-
-def format_table(summary: dict) -> str:
-    """Markdown table: one line per row, box / mask AP mean +- std per (condition, multiplier), WS of its start."""
-    st2 = summary["stage2"]
-    cols = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
-    head = "| row | stage-1 WS@4 (naive 2x / 4x) | " + " | ".join(f"{c} {k} box / mask AP" for c, k in cols) + " |"
-    lines = [head, "|" + "---|" * (len(cols) + 2)]
-    for row, cells in st2.items():
-        ws = summary["stage1"][ROWS[row].pretrained]["window_structure"]
-        if ws is None:
-            ws_txt = "n/a (no embedding)"
-        elif ROWS[row].convert:
-            ws_txt = f"{ws['ws']:.2f} (tiled: {ws['ws']:.2f})"
-        else:
-            ws_txt = f"{ws['ws']:.2f} ({ws['ws_naive_2x']:.2f} / {ws['ws_naive_4x']:.2f})"
-        vals = []
-        for c, k in cols:
-            cell = cells.get(c, {}).get(k)
-            vals.append("-" if cell is None else
-                        f"{cell['box_mean']:.1f} ± {cell['box_std']:.1f} / {cell['mask_mean']:.1f} ± {cell['mask_std']:.1f}")
-        lines.append(f"| {ROWS[row].label} | {ws_txt} | " + " | ".join(vals) + " |")
-    return "\n".join(lines)
-
-
-def plot_results(summary: dict, path: str) -> None:
-    """Box AP (mean and per-seed points) per row, one panel per (condition, multiplier)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    st2 = summary["stage2"]
-    panels = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
-    rows = list(st2)
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
-    for ax, (c, k) in zip(axes[0], panels):
-        for i, row in enumerate(rows):
-            cell = st2[row].get(c, {}).get(k)
-            if cell is None:
-                continue
-            color = "C3" if row == "abs" else "C2" if row == "abs2win" else "C0"
-            ax.bar(i, cell["box_mean"], color=color, alpha=0.55)
-            ax.errorbar(i, cell["box_mean"], yerr=cell["box_std"], color="k", capsize=3)
-            ax.plot([i] * len(cell["box"]), cell["box"], "k.", ms=4)
-        grid = round(PRETRAIN_SIZE // 4 * float(k[:-1]))
-        ax.set_title(f"{c}, {k} grid ({grid}x{grid} tokens)", fontsize=10)
-        ax.set_xticks(range(len(rows)))
-        ax.set_xticklabels([ROWS[r].label.split(")")[0] + ") " + r for r in rows], rotation=45, ha="right", fontsize=8)
-        ax.grid(axis="y", alpha=0.3)
-    axes[0][0].set_ylabel("box AP (pycocotools), mean ± std over seeds")
-    fig.suptitle(f"Finetuning a 64 px-pretrained HieraDet Mask R-CNN at a larger token grid "
-                 f"({summary['protocol']['finetune_iters']} iterations each)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-# ------------------------------------------------------------------------- stage 1a: masked image modelling
-class MaskedTokenDecoder(__import__("torch").nn.Module):
-    """Light pixel decoder for masked-token pretraining: each stage output ``(B, h, w, C_i)`` -> a linear to
-    ``dim``, upsampled to the stride-4 grid and summed, -> GELU -> the ``4 x 4 x 3`` pixels of each token."""
-
-    def __init__(self, channels, dim=96, patch=4):
-        import torch.nn as nn
-
-        super().__init__()
-        self.lateral = nn.ModuleList(nn.Linear(c, dim) for c in channels)
-        self.head = nn.Sequential(nn.GELU(), nn.Linear(dim, patch * patch * 3))
-
-    def forward(self, stages, hw):
-        import torch.nn.functional as F
-
-        out = 0
-        for lat, x in zip(self.lateral, stages):
-            y = lat(x).permute(0, 3, 1, 2)  # (B, h, w, C) -> (B, dim, h, w)
-            out = out + F.interpolate(y, size=hw, mode="nearest")
-        return self.head(out.permute(0, 2, 3, 1))  # (B, H, W, 48)
-
-
-def _masked_forward(net, images, mask, mask_token):
-    """HieraDet forward with the tokens where ``mask (B, H, W)`` is True replaced by ``mask_token`` before the
-    position embedding is added (SimMIM); returns the four stage outputs ``(B, h_i, w_i, C_i)``."""
-    import torch
-
-    x = net.patch_embed(images)  # (B, H, W, C)
-    x = torch.where(mask[..., None], mask_token.to(x.dtype), x)
-    if net.pos_embed is not None:
-        x = x + net.pos_embed(tuple(x.shape[1:3]))
-    outs = []
-    for i, blk in enumerate(net.blocks):
-        x = blk(x)
-        if i in net.stage_ends:
-            outs.append(x)
-    return outs
-
-
-def pretrain_masked(spec: dict, iters: int, dst: str, batch: int = 32, ratio: float = 0.5, lr: float = 1.5e-3,
-                    pos_lr_mult: float = 1.0) -> dict:
-    """Stage 1a: masked-token pretraining of the detector's HieraDet on the 64 px shapes images.
-
-    Mask units are the stage-1 windows (4x4 tokens, 16 px), as in Hiera's MAE: about ``ratio`` of them are
-    blanked in the image and their tokens replaced by a learned mask token, and the pixels of every masked token
-    (normalized per token, as MAE's ``norm_pix_loss``) are regressed from all four stages. Inside a masked
-    window the tokens differ only by their position, so drawing a unit's 16 tokens asks for within-window
-    position, which an absolute embedding under weight-shared window attention gives by repeating the same
-    pattern in every window: the structure Hiera's MAE embedding learns. Writes the whole detector (heads untrained) to ``dst``.
-    """
-    import numpy as np
-    import torch
-    import torch.nn.functional as F
-    from detectron2.data import DatasetCatalog
-    from PIL import Image
-
-    from winpos.d2.data import ensure_registered
-    from winpos.d2.engine import build_model
-    from winpos.outputs import atomic_write
-
-    cfg = build_cfg(spec)
-    torch.manual_seed(spec["seed"])
-    model = build_model(cfg)
-    net = model.backbone.bottom_up.net
-    ensure_registered(["shapes1_train"], dict(spec["shapes"]))
-    files = [d["file_name"] for d in DatasetCatalog.get("shapes1_train")]
-    imgs = torch.from_numpy(np.stack([np.asarray(Image.open(f).convert("RGB")) for f in files]))  # (N, H, W, 3)
-    mean = torch.tensor(cfg.model.pixel_mean).view(1, 3, 1, 1)
-    std = torch.tensor(cfg.model.pixel_std).view(1, 3, 1, 1)
-    decoder = MaskedTokenDecoder(net.channels)
-    mask_token = torch.nn.Parameter(torch.zeros(1, 1, 1, net.channels[0]))
-    pos = [p for n, p in net.named_parameters() if n.startswith("pos_embed.")]
-    rest = [p for n, p in net.named_parameters() if not n.startswith("pos_embed.")]
-    opt = torch.optim.AdamW([{"params": rest + list(decoder.parameters()) + [mask_token], "mult": 1.0},
-                             {"params": pos, "mult": pos_lr_mult, "weight_decay": 0.0}],
-                            lr=lr, weight_decay=0.05, betas=(0.9, 0.95))
-    gen = torch.Generator().manual_seed(spec["seed"])
-    losses = []
-    t0 = time.time()
-    for it in range(iters):
-        for g in opt.param_groups:  # linear warmup, cosine decay
-            g["lr"] = g["mult"] * lr * min(1.0, (it + 1) / 100) * 0.5 * (1 + np.cos(np.pi * it / iters))
-        idx = torch.randint(len(imgs), (batch,), generator=gen)
-        x = imgs[idx].permute(0, 3, 1, 2).float()  # (B, 3, H, W)
-        flip = torch.rand(batch, generator=gen) < 0.5
-        x[flip] = x[flip].flip(-1)
-        x = (x - mean) / std
-        B, _, H, W = x.shape
-        h, w = H // 4, W // 4
-        u = WINDOW  # mask units = the stage-1 windows, as Hiera's MAE
-        mask = (torch.rand(B, h // u, w // u, generator=gen) < ratio).repeat_interleave(u, 1).repeat_interleave(u, 2)
-        target = F.unfold(x, 4, stride=4).transpose(1, 2).reshape(B, h, w, 48)
-        # blank the masked pixels too: the 7x7 stride-4 patch embedding of a visible neighbour would see them
-        x = x * ~mask.repeat_interleave(4, 1).repeat_interleave(4, 2)[:, None]
-        stages = _masked_forward(net, x, mask, mask_token)
-        pred = decoder(stages, (h, w))  # (B, h, w, 48)
-        target = (target - target.mean(-1, keepdim=True)) / (target.var(-1, keepdim=True) + 1e-6).sqrt()
-        loss = ((pred - target) ** 2).mean(-1)[mask].mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if (it + 1) % 100 == 0:
-            ws = ""
-            if net.pos_embed is not None and hasattr(net.pos_embed, "pos_embed"):
-                from winpos.diagnostics.metrics import window_similarity
-
-                g = int(net.pos_embed.pos_embed.shape[1] ** 0.5)
-                E = net.pos_embed.pos_embed.detach().reshape(g, g, -1).permute(2, 0, 1)
-                ws = f", embedding WS@{WINDOW} {window_similarity(E, WINDOW, centred=True):.2f}"
-            logger.info(f"masked-token pretraining {it + 1}/{iters}: loss {np.mean(losses[-100:]):.3f}{ws} "
-                        f"({time.time() - t0:.0f} s)")
-    atomic_write(dst, lambda f: torch.save({"model": model.state_dict()}, f), "wb")
-    return {"loss_first100": float(np.mean(losses[:100])), "loss_last100": float(np.mean(losses[-100:])),
-            "seconds": time.time() - t0}
 
 
 def export_stage1(p: Protocol, encoding: str, dst: str, command: str) -> dict:

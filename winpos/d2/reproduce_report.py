@@ -1,0 +1,90 @@
+"""Tables and plots of ``winpos.d2.reproduce`` results: mean and spread over seeds per row, condition and grid."""
+from __future__ import annotations
+
+import statistics
+
+from winpos.d2.reproduce import CONDITIONS, PRETRAIN_SIZE, ROWS, label
+
+
+def _mean_std(values):
+    values = list(values)
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(p: Protocol, stage1: dict, runs: list[dict]) -> dict:
+    """Mean, sample std and per-seed values of box / mask AP per (row, condition, multiplier)."""
+    table = {}
+    for out in runs:
+        s = out["spec"]
+        row = s["name"].split("/")[0]
+        cell = table.setdefault(row, {}).setdefault(s["name"].split("/")[1], {}).setdefault(label(s["size"] / PRETRAIN_SIZE), {
+            "box": [], "mask": []})
+        cell["box"].append(out["bbox"]["AP"])
+        cell["mask"].append(out["segm"]["AP"])
+    for row in table.values():
+        for cond in row.values():
+            for cell in cond.values():
+                for key in ("box", "mask"):
+                    cell[f"{key}_mean"], cell[f"{key}_std"] = _mean_std(cell[key])
+    return {"protocol": {k: v for k, v in vars(p).items()}, "stage1": stage1, "stage2": table}
+
+
+def _multiplier_labels(st2: dict, condition: str) -> list[str]:
+    found = {k for cells in st2.values() for k in cells.get(condition, {})}
+    return sorted(found, key=lambda k: float(k[:-1]))
+
+
+def format_table(summary: dict) -> str:
+    """Markdown table: one line per row, box / mask AP mean +- std per (condition, multiplier), WS of its start."""
+    st2 = summary["stage2"]
+    cols = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
+    head = "| row | stage-1 WS@4 (naive 2x / 4x) | " + " | ".join(f"{c} {k} box / mask AP" for c, k in cols) + " |"
+    lines = [head, "|" + "---|" * (len(cols) + 2)]
+    for row, cells in st2.items():
+        ws = summary["stage1"][ROWS[row].pretrained]["window_structure"]
+        if ws is None:
+            ws_txt = "n/a (no embedding)"
+        elif ROWS[row].convert:
+            ws_txt = f"{ws['ws']:.2f} (tiled: {ws['ws']:.2f})"
+        else:
+            ws_txt = f"{ws['ws']:.2f} ({ws['ws_naive_2x']:.2f} / {ws['ws_naive_4x']:.2f})"
+        vals = []
+        for c, k in cols:
+            cell = cells.get(c, {}).get(k)
+            vals.append("-" if cell is None else
+                        f"{cell['box_mean']:.1f} ± {cell['box_std']:.1f} / {cell['mask_mean']:.1f} ± {cell['mask_std']:.1f}")
+        lines.append(f"| {ROWS[row].label} | {ws_txt} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def plot_results(summary: dict, path: str) -> None:
+    """Box AP (mean and per-seed points) per row, one panel per (condition, multiplier)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    st2 = summary["stage2"]
+    panels = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
+    rows = list(st2)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
+    for ax, (c, k) in zip(axes[0], panels):
+        for i, row in enumerate(rows):
+            cell = st2[row].get(c, {}).get(k)
+            if cell is None:
+                continue
+            color = "C3" if row == "abs" else "C2" if row == "abs2win" else "C0"
+            ax.bar(i, cell["box_mean"], color=color, alpha=0.55)
+            ax.errorbar(i, cell["box_mean"], yerr=cell["box_std"], color="k", capsize=3)
+            ax.plot([i] * len(cell["box"]), cell["box"], "k.", ms=4)
+        grid = round(PRETRAIN_SIZE // 4 * float(k[:-1]))
+        ax.set_title(f"{c}, {k} grid ({grid}x{grid} tokens)", fontsize=10)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([ROWS[r].label.split(")")[0] + ") " + r for r in rows], rotation=45, ha="right", fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("box AP (pycocotools), mean ± std over seeds")
+    fig.suptitle(f"Finetuning a 64 px-pretrained HieraDet Mask R-CNN at a larger token grid "
+                 f"({summary['protocol']['finetune_iters']} iterations each)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
