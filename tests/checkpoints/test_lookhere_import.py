@@ -2,7 +2,7 @@
 
 The files are made here with the authors' key layout and configs. Oracle: a forward pass of their architecture
 written here with plain torch ops (LayerNorm eps 1e-5, LayerScale, their bias from the transcription in
-``tests/posemb/test_lookhere.py``), without the cls token, which ViTDet does not have.
+``tests/posemb/test_lookhere_official.py``), without the cls token, which ViTDet does not have.
 """
 import os
 import subprocess
@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.posemb.test_lookhere import OFFICIAL, official_bias
+from tests.posemb.test_lookhere_official import OFFICIAL, official_bias
 from winpos.backbones import create
 from winpos.checkpoints import load_external
 from winpos.checkpoints.lookhere import (
