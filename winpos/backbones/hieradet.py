@@ -250,7 +250,8 @@ class HieraDet(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------- presets
-# Hiera sizes (abswin.md §3.1) with SAM2's window specs / global blocks / global embed sizes (§2.2). SAM2 defines
+# Hiera sizes (embed dims, heads and stage depths of the official Hiera T/S/B/B+/L/H models) with SAM2's window
+# specs, global-attention blocks and global-embedding sizes (from its Hiera-T/S/B+/L image encoders). SAM2 defines
 # no B or H: B shares B+'s depths, so it takes B+'s schedule and 14x14 global embedding; H shares L's depths and
 # takes L's schedule (windows 8, 4, 16, 8). With 16-token stage-3 windows (256 px) the recursive period of the
 # paper recipe is 64 tokens for L and H instead of 56, so every window grid stays aligned.

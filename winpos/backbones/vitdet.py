@@ -190,7 +190,7 @@ class ViTDet(nn.Module):
         emb = AbsWinPosEmbed(self.embed_dim, self.window_size, global_size, mode=mode, base_hw=self.pretrain_hw,
                              antialias=antialias, init_std=0.0)
         # The window part plays the role of the pretrained embedding; the global part starts at zero so a
-        # converted checkpoint starts exactly at "tiled pretrained" (abswin.md §2.4, §9.7).
+        # converted checkpoint starts exactly at the pretrained window embedding tiled over the whole grid.
         nn.init.trunc_normal_(emb.window_embed, std=0.02)
         return emb
 
@@ -222,7 +222,8 @@ class ViTDet(nn.Module):
         return x.permute(0, 3, 1, 2)  # (B, C, H, W)
 
 
-# Sizes of detectron2's ViTDet configs (abswin.md §4) plus a CPU-sized one for tests and shapes configs.
+# Sizes of detectron2's ViTDet-B/L/H configs (embed dim, depth, heads, global-attention blocks, drop-path rate)
+# plus a CPU-sized one for tests and shapes configs.
 SIZES = {
     "vitdet_tiny": dict(embed_dim=96, depth=4, num_heads=3, global_blocks=(1, 3), drop_path_rate=0.0),
     "vitdet_b": dict(embed_dim=768, depth=12, num_heads=12, global_blocks=(2, 5, 8, 11), drop_path_rate=0.1),

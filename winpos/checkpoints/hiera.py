@@ -1,6 +1,6 @@
 """Load Hiera-family trunk weights into ``winpos.backbones.HieraDet`` names.
 
-Sources (abswin.md §7):
+Sources, told apart by the key names and shapes each project saves:
 
 * ``sam2``: SAM2 / SAM2.1 checkpoints (``{"model": {"image_encoder.trunk.*": ...}}``) or a bare sam2 ``Hiera``
   state dict. ``pos_embed (1, C, gh, gw)`` + ``pos_embed_window (1, C, 8, 8)`` are abs-win; MLPs are

@@ -37,7 +37,8 @@ TORCH_EXTS = (".pth", ".pt", ".bin", ".ckpt")
 PICKLE_EXTS = (".pkl", ".pickle")
 SAFETENSORS_EXTS = (".safetensors",)
 
-# Containers other projects wrap their state dicts in, tried in this order (abswin.md §7, ecosystem.md §5).
+# Containers other projects wrap their state dicts in, tried in this order: ``model_state`` (official Hiera),
+# ``model`` (MAE, SAM2, detectron2), ``state_dict``, ``module``, ``blobs`` (Caffe2 / Detectron1 pickles).
 CONTAINER_KEYS = ("model_state", "model", "state_dict", "module", "blobs")
 
 _CONVERT_HINT = (

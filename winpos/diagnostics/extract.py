@@ -3,7 +3,8 @@
 ``effective_embeddings(path_or_obj)`` returns one ``EmbeddingInfo`` per position embedding found: the ``(C, H, W)``
 grid that is added to the tokens, the window size the family's attention uses, the patch stride, the image size
 the grid belongs to, and the abs-win ``(global, window)`` parts (from the checkpoint for abs-win families, from
-the exact projection of abswin.md §2.6 for the others). Key names and shapes follow abswin.md §7.
+the exact projection for the others: the window part is the mean full window-aligned tile, the global part the
+residual). Each family is recognised by the key names and shapes its checkpoints use (see ``FAMILIES``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ __all__ = ["EmbeddingInfo", "FAMILIES", "effective_embeddings"]
 class FamilySpec:
     window: int  # attention window in tokens (stage 1 for Hiera-like models)
     stride: int  # patch stride in px
-    antialias: bool  # the family's own bicubic flavour (abswin.md §1.1)
+    antialias: bool  # the family's own bicubic resize: antialiased (timm's Hiera models) or plain
     ceil_grid: bool  # stride-4 conv stems (kernel 7, pad 3) give ceil(px / 4) tokens; ViT stems floor(px / 16)
     describe: str
 
@@ -130,7 +131,7 @@ def _groups(sd: dict) -> dict[str, set[str]]:
 
 
 def _guess_family(sd: dict, prefix: str, lasts: set[str]) -> str | None:
-    """Name the family of one key group from its key names and shapes (abswin.md §7), or None."""
+    """Name the family of one key group from its key names and shapes (those listed in ``FAMILIES``), or None."""
     if {"pos_embed", "pos_embed_window"} <= lasts:
         return "sam2"
     if {"pos_embed", "pos_embed_win"} <= lasts:

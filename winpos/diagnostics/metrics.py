@@ -1,8 +1,8 @@
 """Window-similarity metrics on an effective position-embedding grid ``E`` of shape ``(C, H, W)``.
 
 They measure how much every attention window receives the *same* position embedding, which is what a
-weight-shared window attention learned to expect (abswin.md §6; these definitions are winpos's own, consistent
-with the paper's captions, not the paper's numbers):
+weight-shared window attention learned to expect (these definitions are winpos's own, consistent with the
+captions of the abs-win paper, Bolya et al., not with its numbers):
 
 * ``window_similarity``: WS, the mean cosine between the flattened w x w x C tiles of every ordered pair of full
   windows anchored at (0, 0). 1 = every window sees an identical embedding; ~0 = no window structure.
