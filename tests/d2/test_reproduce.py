@@ -238,3 +238,16 @@ def test_masked_token_pretraining_writes_a_detector_it_trained(tmp_path):
     assert not torch.equal(trained["backbone.bottom_up.net.pos_embed.pos_embed"],
                            fresh["backbone.bottom_up.net.pos_embed.pos_embed"])
     assert sum(not torch.equal(trained[k], fresh[k]) for k in trunk) > len(trunk) // 2
+
+
+def test_the_shipped_checkpoint_matches_its_manifest():
+    from winpos.d2.demo import check_stage1
+
+    ship = ROOT / "tools" / "checkpoints"
+    info = check_stage1(str(ship / "stage1_hieradet_abs_periodic_64px.pth"),
+                        str(ship / "stage1_hieradet_abs_periodic_64px.json"))
+    assert info["encoding"] == "abs_periodic" and info["command"].startswith("python tools/reproduce.py")
+    measured = R.window_structure(str(ship / "stage1_hieradet_abs_periodic_64px.pth"))
+    assert measured == pytest.approx(info["window_structure"], abs=1e-9)
+    # what the demo relies on: window structure that naive 2x interpolation destroys
+    assert measured["ws"] > 0.3 and measured["ws_naive_2x"] < 0.1
