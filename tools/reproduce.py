@@ -17,34 +17,13 @@ winpos.d2.reproduce.
 import sys
 from pathlib import Path
 
-from winpos.errors import ArgumentParser, positive_int, run_cli
+from winpos.errors import ArgumentParser, nonnegative_int, number_list, positive_int, run_cli, seed_list
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shapes" / "reproduce_hieradet.py"
 
 
 def _names(text):
     return tuple(s.strip() for s in text.split(",") if s.strip())
-
-
-def _numbers(text):
-    import argparse
-
-    try:
-        values = [float(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 2,4, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 2,4, got {text!r}")
-    return [int(v) if v == int(v) else v for v in values]
-
-
-def _seeds(text):
-    import argparse
-
-    try:
-        return [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integer seeds such as 0,1,2, got {text!r}") from None
 
 
 def main(argv=None):
@@ -54,13 +33,13 @@ def main(argv=None):
     p.add_argument("--output", default="output/reproduce")
     p.add_argument("--config", default=str(CONFIG), help="the protocol's LazyConfig (default: %(default)s)")
     p.add_argument("--rows", type=_names, default=tuple(ROWS), help=f"comma list of: {', '.join(ROWS)}")
-    p.add_argument("--multipliers", type=_numbers, default=[2, 4],
+    p.add_argument("--multipliers", type=number_list, default=[2, 4],
                    help="token-grid multipliers of stage 2 (the 16x16 grid times k must stay a multiple of 4)")
     p.add_argument("--conditions", type=_names, default=CONDITIONS, help="canvas and/or upscaled")
-    p.add_argument("--seeds", type=_seeds, default=[0, 1, 2])
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
     p.add_argument("--pretrain-iters", type=positive_int, default=1500)
     p.add_argument("--finetune-iters", type=positive_int, default=150)
-    p.add_argument("--mim-iters", type=int, default=0,
+    p.add_argument("--mim-iters", type=nonnegative_int, default=0,
                    help="optional masked-token pretraining before stage-1 detection (iterations at batch 32)")
     p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--stage1-dir", default=None, help="stage-1 checkpoints (default <output>/stage1)")

@@ -14,7 +14,7 @@ Re-running skips finished runs and resumes interrupted ones.
 import sys
 from pathlib import Path
 
-from winpos.errors import ArgumentParser, positive_int, run_cli
+from winpos.errors import ArgumentParser, positive_int, run_cli, seed_list
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "shapes" / "reproduce_hieradet.py"
@@ -28,7 +28,7 @@ def main(argv=None):
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="output/demo")
     p.add_argument("--iters", type=positive_int, default=300, help="finetuning iterations per run (batch 8)")
-    p.add_argument("--seeds", type=lambda t: [int(s) for s in t.split(",")], default=[0],
+    p.add_argument("--seeds", type=seed_list, default=[0],
                    help="comma list of finetuning seeds, e.g. 0,1,2")
     p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--no-four-class", action="store_true", help="skip the four-class finetune")

@@ -19,7 +19,7 @@ import torch
 
 __all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "check_choice", "check_finite", "as_hw",
            "run_cli",
-           "ArgumentParser", "positive_int", "nonnegative_int", "finite_float", "int_list", "late_flags",
+           "ArgumentParser", "positive_int", "nonnegative_int", "finite_float", "int_list", "number_list", "seed_list", "late_flags",
            "quiet_third_party_warnings"]
 
 EXIT_USAGE = 2
@@ -185,26 +185,24 @@ def _late_message(late) -> str:
             "put every flag before the overrides")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+def _int_at_least(text: str, low: int, expected: str) -> int:
     try:
         value = int(text)
     except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (at least 1), got {value}")
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be {expected}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    return _int_at_least(text, 1, "a positive integer (at least 1)")
 
 
 def nonnegative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    return _int_at_least(text, 0, "an integer >= 0")
 
 
 def finite_float(text: str) -> float:
@@ -229,4 +227,26 @@ def int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 512,768,1024, got "
                                          f"{text!r}")
+    return values
+
+
+def number_list(text: str) -> list[float | int]:
+    """argparse type: comma-separated numbers such as ``2,4`` or ``1.5,2`` (at least one; whole ones as int)."""
+    try:
+        values = [float(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 2,4, got {text!r}")
+    return [int(v) if v == int(v) else v for v in values]
+
+
+def seed_list(text: str) -> list[int]:
+    """argparse type: comma-separated integer seeds such as ``0,1,2`` (at least one)."""
+    try:
+        values = [int(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integer seeds such as 0,1,2, got {text!r}")
     return values
