@@ -42,6 +42,8 @@ def main(argv=None):
     p.add_argument("--mim-iters", type=nonnegative_int, default=0,
                    help="optional masked-token pretraining before stage-1 detection (iterations at batch 32)")
     p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
+    p.add_argument("--report-only", action="store_true",
+                   help="run nothing: table, plot and results.json from the runs that have finished")
     p.add_argument("--stage1-dir", default=None, help="stage-1 checkpoints (default <output>/stage1)")
     p.add_argument("--export-stage1", metavar="ENCODING:PATH", default=None,
                    help="after stage 1, write that encoding's checkpoint (fp16, weights only) and its manifest "
@@ -61,7 +63,7 @@ def main(argv=None):
                     f"{', '.join(sorted({r.pretrained for r in ROWS.values()}))}")
         export = (enc, path)
     log = lambda m: print(f"[reproduce] {m}", flush=True)  # noqa: E731
-    summary = run_protocol(proto, log=log)
+    summary = run_protocol(proto, log=log, report_only=args.report_only)
     if export:
         from winpos.d2.reproduce import export_stage1
 

@@ -74,6 +74,7 @@ def test_periodic_start_and_its_exact_abs_to_abswin_conversion(tmp_path):
     start = tmp_path / "start.pth"
     ws = R.periodic_start(spec, str(start))
     assert ws["ws"] > 0.7 and ws["ws_naive_2x"] < 0.2 and ws["ws_naive_4x"] < 0.2
+    assert ws["ws_abswin_2x"] > 0.7 and ws["ws_abswin_4x"] > 0.7  # what the converted model adds at 2x / 4x
 
     conv = tmp_path / "conv.pth"
     R.convert_abs_to_abswin(str(start), str(conv))
@@ -168,8 +169,9 @@ def test_table_and_plot_from_a_summary(tmp_path):
         return {"box": list(box), "mask": [b / 2 for b in box], "box_mean": sum(box) / len(box), "box_std": 1.0,
                 "mask_mean": sum(box) / len(box) / 2, "mask_std": 0.5}
 
-    summary = {"protocol": {"finetune_iters": 100},
-               "stage1": {"abs_periodic": {"window_structure": {"ws": 0.8, "ws_naive_2x": 0.07, "ws_naive_4x": 0.0}},
+    ws = {"ws": 0.8, "ws_naive_2x": 0.07, "ws_naive_4x": 0.0, "ws_abswin_2x": 0.79, "ws_abswin_4x": 0.78}
+    summary = {"protocol": {"finetune_iters": 100, "seeds": [0, 1, 2]},
+               "stage1": {"abs_periodic": {"window_structure": ws},
                           "rope": {"window_structure": None}},
                "stage2": {"abs_periodic": {"canvas": {"2x": cell(10, 12, 14)}, "upscaled": {"2x": cell(20, 22)}},
                           "abs_periodic2win": {"canvas": {"2x": cell(30, 32, 34)}},
@@ -177,8 +179,9 @@ def test_table_and_plot_from_a_summary(tmp_path):
     summary["stage1"]["abs_periodic2win"] = summary["stage1"]["abs_periodic"]
     table = format_table(summary).splitlines()
     assert table[0].startswith("| row | stage-1 WS@4") and "canvas 2x" in table[0] and "upscaled 2x" in table[0]
-    assert "| (a') periodic-start abs, naive | 0.80 (0.07 / 0.00) | 12.0 ± 1.0 / 6.0 ± 0.5 | 21.0" in table[2]
-    assert "0.80 (tiled: 0.80) | 32.0 ± 1.0" in table[3] and table[3].endswith("| - |")
+    assert "| (a') periodic-start abs, naive | 0.80 (naive: 0.07 / 0.00) | 12.0 ± 1.0 / 6.0 ± 0.5 | 21.0" in table[2]
+    assert table[2].endswith("(n=2) |")  # two of the protocol's three seeds
+    assert "0.80 (abswin: 0.79 / 0.78) | 32.0 ± 1.0 / 16.0 ± 0.5 |" in table[3] and table[3].endswith("| - |")
     assert "n/a (no embedding) | - | 25.5" in table[4]
     plot_results(summary, str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").stat().st_size > 10000

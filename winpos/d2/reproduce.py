@@ -322,16 +322,31 @@ def embedding_grid(checkpoint: str):
 
 
 def window_structure(checkpoint: str) -> dict | None:
-    """WS of a stage-1 embedding at its window (centred) and after a naive 2x / 4x interpolation."""
+    """Centred WS at the 4-token window of a stage-1 embedding at its 16x16 grid (``ws``), and of the embedding the
+    model adds at 2x / 4x the grid when it is naively interpolated (``ws_naive_kx``; abs checkpoints) or in abs-win
+    form (``ws_abswin_kx``: tiled window part + interpolated global part; for an abs checkpoint, after the exact
+    conversion). None for encodings without a token embedding."""
+    import torch
+
     from winpos.diagnostics.metrics import naive_resize, periodic_energy_ratio, window_similarity
+    from winpos.posemb.abswin import abs_to_abswin, abswin_embedding
 
     E = embedding_grid(checkpoint)
     if E is None:
         return None
     g = PRETRAIN_SIZE // 4
     out = {"ws": window_similarity(E, WINDOW, centred=True), "periodic_energy": periodic_energy_ratio(E, WINDOW)}
+    sd = torch.load(checkpoint, map_location="cpu", weights_only=True)["model"]
+    prefix = "backbone.bottom_up.net.pos_embed."
+    if prefix + "window_embed" in sd:
+        parts = sd[prefix + "global_embed"].float(), sd[prefix + "window_embed"].float()
+    else:
+        parts = abs_to_abswin(E[None], WINDOW)
     for k in (2, 4):
-        out[f"ws_naive_{k}x"] = window_similarity(naive_resize(E, (g * k, g * k)), WINDOW, centred=True)
+        hw = (g * k, g * k)
+        if prefix + "pos_embed" in sd:
+            out[f"ws_naive_{k}x"] = window_similarity(naive_resize(E, hw), WINDOW, centred=True)
+        out[f"ws_abswin_{k}x"] = window_similarity(abswin_embedding(*parts, hw)[0], WINDOW, centred=True)
     return out
 
 
@@ -361,16 +376,34 @@ def _pool(specs, workers, log) -> list[dict]:
         return list(ex.map(lambda s: _launch(s, log), specs))
 
 
-def run_protocol(p: Protocol, log=print) -> dict:
-    """Stage 1 for every encoding the rows need, the abs -> abs-win conversion, then every stage-2 run."""
+def run_protocol(p: Protocol, log=print, report_only: bool = False) -> dict:
+    """Stage 1 for every encoding the rows need, the abs -> abs-win conversion, then every stage-2 run.
+
+    ``report_only``: run nothing; summarize the runs of this protocol that have finished (the summary lists the
+    missing ones under ``"missing"``)."""
     p.validate()
     out_dir = Path(p.output_dir)
-    (out_dir / "stage2").mkdir(parents=True, exist_ok=True)
     encodings = sorted({ROWS[r].pretrained for r in p.rows})
     t0 = time.time()
+    if report_only:
+        return _report(p, encodings, log)
+    (out_dir / "stage2").mkdir(parents=True, exist_ok=True)
     log(f"stage 1: pretraining {', '.join(encodings)} at {PRETRAIN_SIZE} px, {p.pretrain_iters} iterations each")
     _pool([stage1_spec(p, e) for e in encodings if not (Path(stage1_spec(p, e)["out"]) / "model_final.pth").is_file()
            or not (Path(stage1_spec(p, e)["out"]) / "result.json").is_file()], p.workers, log)
+    stage1 = _stage1_info(p, encodings)
+    for enc in sorted({ROWS[r].pretrained for r in p.rows if ROWS[r].convert}):
+        dst = out_dir / "stage2" / f"{enc}2win_init.pth"
+        if not dst.is_file():
+            convert_abs_to_abswin(stage1[enc]["checkpoint"], str(dst))
+    specs = [stage2_spec(p, r, k, c, s) for k in p.multipliers for c in p.conditions for s in p.seeds for r in p.rows]
+    log(f"stage 2: {len(specs)} finetuning runs ({len(p.rows)} rows x {len(p.conditions)} conditions x "
+        f"{len(p.multipliers)} grid multipliers x {len(p.seeds)} seeds), {p.finetune_iters} iterations each")
+    runs = _pool(specs, p.workers, log)
+    return _write_summary(p, stage1, runs, [], time.time() - t0)
+
+
+def _stage1_info(p: Protocol, encodings) -> dict:
     stage1 = {}
     for e in encodings:
         spec = stage1_spec(p, e)
@@ -381,21 +414,29 @@ def run_protocol(p: Protocol, log=print) -> dict:
         ap = json.loads(res.read_text()) if res.is_file() else None
         stage1[e] = {"checkpoint": str(final), "window_structure": window_structure(str(final)),
                      "box_AP_64px": ap["bbox"]["AP"] if ap else None, "mask_AP_64px": ap["segm"]["AP"] if ap else None}
-    for enc in sorted({ROWS[r].pretrained for r in p.rows if ROWS[r].convert}):
-        dst = out_dir / "stage2" / f"{enc}2win_init.pth"
-        if not dst.is_file():
-            convert_abs_to_abswin(stage1[enc]["checkpoint"], str(dst))
-    specs = [stage2_spec(p, r, k, c, s) for k in p.multipliers for c in p.conditions for s in p.seeds for r in p.rows]
-    log(f"stage 2: {len(specs)} finetuning runs ({len(p.rows)} rows x {len(p.conditions)} conditions x "
-        f"{len(p.multipliers)} grid multipliers x {len(p.seeds)} seeds), {p.finetune_iters} iterations each")
-    runs = _pool(specs, p.workers, log)
-    from winpos.d2.reproduce_report import summarize
+    return stage1
 
-    summary = summarize(p, stage1, runs)
-    summary["minutes"] = (time.time() - t0) / 60
+
+def _report(p: Protocol, encodings, log) -> dict:
+    specs = [stage2_spec(p, r, k, c, s) for k in p.multipliers for c in p.conditions for s in p.seeds for r in p.rows]
+    done = [Path(s["out"]) / "result.json" for s in specs]
+    runs = [json.loads(f.read_text()) for f in done if f.is_file()]
+    missing = [s["name"] for s, f in zip(specs, done) if not f.is_file()]
+    if not runs:
+        raise WinposError(f"no finished stage-2 run under {p.output_dir}; run without --report-only first")
+    log(f"report of {len(runs)} finished runs ({len(missing)} of the protocol's {len(specs)} not run)")
+    return _write_summary(p, _stage1_info(p, encodings), runs, missing, None)
+
+
+def _write_summary(p: Protocol, stage1: dict, runs: list, missing: list, seconds) -> dict:
+    from winpos.d2.reproduce_report import summarize
     from winpos.outputs import atomic_write
 
-    atomic_write(str(out_dir / "results.json"), lambda f: json.dump(summary, f, indent=1), "w")
+    summary = summarize(p, stage1, runs)
+    summary["missing"] = missing
+    if seconds is not None:
+        summary["minutes"] = seconds / 60
+    atomic_write(str(Path(p.output_dir) / "results.json"), lambda f: json.dump(summary, f, indent=1), "w")
     return summary
 
 

@@ -38,21 +38,23 @@ def format_table(summary: dict) -> str:
     """Markdown table: one line per row, box / mask AP mean +- std per (condition, multiplier), WS of its start."""
     st2 = summary["stage2"]
     cols = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
-    head = "| row | stage-1 WS@4 (naive 2x / 4x) | " + " | ".join(f"{c} {k} box / mask AP" for c, k in cols) + " |"
+    n_seeds = len(summary["protocol"]["seeds"])
+    head = ("| row | stage-1 WS@4 (at 2x / 4x as used) | " + " | ".join(f"{c} {k} box / mask AP" for c, k in cols)
+            + " |")
     lines = [head, "|" + "---|" * (len(cols) + 2)]
     for row, cells in st2.items():
         ws = summary["stage1"][ROWS[row].pretrained]["window_structure"]
         if ws is None:
             ws_txt = "n/a (no embedding)"
-        elif ROWS[row].convert:
-            ws_txt = f"{ws['ws']:.2f} (tiled: {ws['ws']:.2f})"
         else:
-            ws_txt = f"{ws['ws']:.2f} ({ws['ws_naive_2x']:.2f} / {ws['ws_naive_4x']:.2f})"
+            kind = "abswin" if ROWS[row].convert or "ws_naive_2x" not in ws else "naive"
+            ws_txt = f"{ws['ws']:.2f} ({kind}: {ws[f'ws_{kind}_2x']:.2f} / {ws[f'ws_{kind}_4x']:.2f})"
         vals = []
         for c, k in cols:
             cell = cells.get(c, {}).get(k)
-            vals.append("-" if cell is None else
-                        f"{cell['box_mean']:.1f} ± {cell['box_std']:.1f} / {cell['mask_mean']:.1f} ± {cell['mask_std']:.1f}")
+            n = "" if cell is None or len(cell["box"]) == n_seeds else f" (n={len(cell['box'])})"
+            vals.append("-" if cell is None else f"{cell['box_mean']:.1f} ± {cell['box_std']:.1f} / "
+                                                 f"{cell['mask_mean']:.1f} ± {cell['mask_std']:.1f}{n}")
         lines.append(f"| {ROWS[row].label} | {ws_txt} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
