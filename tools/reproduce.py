@@ -42,6 +42,8 @@ def main(argv=None):
     p.add_argument("--mim-iters", type=nonnegative_int, default=0,
                    help="optional masked-token pretraining before stage-1 detection (iterations at batch 32)")
     p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
+    p.add_argument("--no-zero-shot", action="store_true",
+                   help="skip the evaluations without finetuning (stage-2 starts, stage 1 with its embedding zeroed)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: table, plot and results.json from the runs that have finished")
     p.add_argument("--stage1-dir", default=None, help="stage-1 checkpoints (default <output>/stage1)")
@@ -50,11 +52,12 @@ def main(argv=None):
                         "(command, seed, SHA-256) to PATH, e.g. abs_periodic:tools/checkpoints/stage1.pth")
     args = p.parse_args(argv)
     from winpos.d2.reproduce import run_protocol
-    from winpos.d2.reproduce_report import format_table, plot_results
+    from winpos.d2.reproduce_report import format_table, format_zero_shot, plot_results
 
     proto = Protocol(config=args.config, output_dir=args.output, rows=args.rows, multipliers=tuple(args.multipliers),
                      conditions=args.conditions, seeds=tuple(args.seeds), pretrain_iters=args.pretrain_iters,
-                     finetune_iters=args.finetune_iters, mim_iters=args.mim_iters, workers=args.workers, stage1_dir=args.stage1_dir)
+                     finetune_iters=args.finetune_iters, mim_iters=args.mim_iters, zero_shot=not args.no_zero_shot,
+                     workers=args.workers, stage1_dir=args.stage1_dir)
     export = None
     if args.export_stage1:
         enc, sep, path = args.export_stage1.partition(":")
@@ -72,6 +75,9 @@ def main(argv=None):
         log(f"exported stage-1 {export[0]} to {export[1]} (sha256 {info['sha256'][:12]}...)")
     plot_results(summary, str(Path(args.output) / "results.png"))
     print(format_table(summary))
+    if summary.get("zero_shot"):
+        print("\nwithout finetuning (the stage-2 starts evaluated at the new size):")
+        print(format_zero_shot(summary))
     print(f"\nplot: {args.output}/results.png; every number: {args.output}/results.json")
     return 0
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from winpos.d2 import reproduce as R
-from winpos.d2.reproduce_report import format_table, plot_results
+from winpos.d2.reproduce_report import format_table, format_zero_shot, plot_results
 from winpos.diagnostics.metrics import naive_resize, window_similarity
 from winpos.errors import WinposError
 
@@ -183,6 +183,11 @@ def test_table_and_plot_from_a_summary(tmp_path):
     assert table[2].endswith("(n=2) |")  # two of the protocol's three seeds
     assert "0.80 (abswin: 0.79 / 0.78) | 32.0 ± 1.0 / 16.0 ± 0.5 |" in table[3] and table[3].endswith("| - |")
     assert "n/a (no embedding) | - | 25.5" in table[4]
+    summary["zero_shot"] = {"abs_periodic": {"canvas": {"2x": {"box": 3.0, "mask": 2.0}}}}
+    summary["stage1"]["abs_periodic"].update(box_AP_64px=19.6, box_AP_64px_no_embedding=4.2)
+    zs = format_zero_shot(summary).splitlines()
+    assert zs[0] == "| row | 64 px box AP (embedding zeroed) | canvas 2x box / mask AP |"
+    assert zs[2] == "| (a') periodic-start abs, naive | 19.6 (4.2) | 3.0 / 2.0 |"
     plot_results(summary, str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").stat().st_size > 10000
 
@@ -254,3 +259,18 @@ def test_the_shipped_checkpoint_matches_its_manifest():
     assert measured == pytest.approx(info["window_structure"], abs=1e-9)
     # what the demo relies on: window structure that naive 2x interpolation destroys
     assert measured["ws"] > 0.3 and measured["ws_naive_2x"] < 0.1
+
+
+def test_zero_shot_evaluates_the_start_without_training_and_can_zero_the_embedding(tmp_path):
+    start = tmp_path / "start.pth"
+    R.periodic_start(_spec(tmp_path, "abs_periodic"), str(start))
+    spec = dict(_spec(tmp_path, "abs_periodic"), name="z", iters=0, init=str(start), size=128,
+                out=str(tmp_path / "zero-shot"))
+    out = R._launch(spec, lambda m: None)
+    log = (tmp_path / "zero-shot" / "log.txt").read_text()
+    assert "AP" in out["bbox"] and "Starting training" not in log and "set to zero" not in log
+    ablated = R._launch(dict(spec, zero_embedding=True, out=str(tmp_path / "ablated")), lambda m: None)
+    assert "token embedding set to zero (12288 values)" in (tmp_path / "ablated" / "log.txt").read_text()
+    assert "AP" in ablated["bbox"]
+    with pytest.raises(WinposError, match="failed(.|\n)*this model has none"):
+        R._launch(dict(spec, encoding="rope", zero_embedding=True, out=str(tmp_path / "rope")), lambda m: None)

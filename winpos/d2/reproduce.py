@@ -87,6 +87,7 @@ class Protocol:
     pretrain_lr: float = 1e-3
     finetune_lr: float = 2e-4
     mim_iters: int = 0  # optional stage 1a: masked-token pretraining (winpos.d2.masked_pretrain)
+    zero_shot: bool = True  # also evaluate every stage-2 start without finetuning, and stage 1 without embedding
     workers: int = 2
     stage1_dir: str | None = None  # where stage-1 checkpoints live (default <output_dir>/stage1)
 
@@ -182,7 +183,8 @@ def build_cfg(spec: dict):
     cfg.train.eval_period = 0
     cfg.train.device = "cpu"
     cfg.optimizer.lr = spec["lr"]
-    cfg.lr_multiplier = _schedule(spec["iters"], spec.get("warmup", 50))
+    if spec["iters"] > 0:
+        cfg.lr_multiplier = _schedule(spec["iters"], spec.get("warmup", 50))
     return cfg
 
 
@@ -210,7 +212,10 @@ def run_one(spec: dict) -> dict:
             pretrain_masked(spec, spec["mim_iters"], spec["init"])
     cfg = build_cfg(spec)
     t0 = time.time()
-    results = do_train(cfg, resume=True)
+    if spec["iters"] == 0:  # zero-shot: the starting weights evaluated at the new size, no finetuning
+        results = evaluate_checkpoint_cfg(cfg, spec["init"], zero_embedding=spec.get("zero_embedding", False))
+    else:
+        results = do_train(cfg, resume=True)
     if not results:  # resumed a finished run without a result file: evaluate its final weights
         results = evaluate_checkpoint_cfg(cfg)
     out = {"spec": spec, "seconds": time.time() - t0,
@@ -220,13 +225,25 @@ def run_one(spec: dict) -> dict:
     return out
 
 
-def evaluate_checkpoint_cfg(cfg) -> dict:
+def evaluate_checkpoint_cfg(cfg, checkpoint: str | None = None, zero_embedding: bool = False) -> dict:
+    """Box / mask AP of ``checkpoint`` (default: the run's ``model_final.pth``) on the run's test set;
+    ``zero_embedding`` sets the token embedding to zero first (how much the detector relies on it)."""
+    import torch
+
     from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
     from winpos.d2.engine import build_model
     from winpos.d2.evaluate import evaluate
 
     model = build_model(cfg)
-    load_init_checkpoint(WinposCheckpointer(model), os.path.join(cfg.train.output_dir, "model_final.pth"))
+    load_init_checkpoint(WinposCheckpointer(model), checkpoint or os.path.join(cfg.train.output_dir, "model_final.pth"))
+    if zero_embedding:
+        zeroed = [p for n, p in model.backbone.bottom_up.net.named_parameters() if n.startswith("pos_embed.")]
+        if not zeroed:
+            raise WinposError("zero_embedding asks to zero the token embedding, but this model has none")
+        with torch.no_grad():
+            for param in zeroed:
+                param.zero_()
+        logger.info(f"token embedding set to zero ({sum(p.numel() for p in zeroed)} values)")
     model.eval()
     return evaluate(cfg, model, os.path.join(cfg.train.output_dir, "inference"), progress=False)
 
@@ -369,6 +386,21 @@ def stage2_spec(p: Protocol, row: str, k: int, condition: str, seed: int) -> dic
                 out=str(Path(p.output_dir) / "stage2" / row / condition / label(k) / f"seed{seed}"))
 
 
+def zero_shot_spec(p: Protocol, row: str, k, condition: str) -> dict:
+    """The stage-2 start of ``row`` evaluated at ``k`` times the grid without finetuning (one run: no seed)."""
+    spec = stage2_spec(p, row, k, condition, 0)
+    spec.update(name=f"{row}/{condition}/{label(k)}/zero-shot", iters=0,
+                out=str(Path(p.output_dir) / "stage2" / row / condition / label(k) / "zero-shot"))
+    return spec
+
+
+def no_embedding_spec(p: Protocol, encoding: str) -> dict:
+    """The stage-1 detector of ``encoding`` at 64 px with its token embedding set to zero: how much it relies on it."""
+    spec = stage1_spec(p, encoding)
+    return dict(spec, name=f"stage1/{encoding}/no-embedding", iters=0, zero_embedding=True,
+                init=str(Path(spec["out"]) / "model_final.pth"), out=str(Path(spec["out"]) / "no-embedding"))
+
+
 def _pool(specs, workers, log) -> list[dict]:
     if not specs:
         return []
@@ -396,10 +428,19 @@ def run_protocol(p: Protocol, log=print, report_only: bool = False) -> dict:
         dst = out_dir / "stage2" / f"{enc}2win_init.pth"
         if not dst.is_file():
             convert_abs_to_abswin(stage1[enc]["checkpoint"], str(dst))
+    if p.zero_shot:
+        diag = [no_embedding_spec(p, e) for e in encodings if stage1[e]["window_structure"] is not None]
+        diag += [zero_shot_spec(p, r, k, c) for k in p.multipliers for c in p.conditions for r in p.rows]
+        log(f"diagnostics: {len(diag)} evaluations without finetuning (stage 1 without its embedding, every "
+            "stage-2 start at its new size)")
+        _pool(diag, p.workers, log)
     specs = [stage2_spec(p, r, k, c, s) for k in p.multipliers for c in p.conditions for s in p.seeds for r in p.rows]
     log(f"stage 2: {len(specs)} finetuning runs ({len(p.rows)} rows x {len(p.conditions)} conditions x "
         f"{len(p.multipliers)} grid multipliers x {len(p.seeds)} seeds), {p.finetune_iters} iterations each")
     runs = _pool(specs, p.workers, log)
+    if p.zero_shot:
+        runs += [json.loads((Path(s["out"]) / "result.json").read_text()) for s in diag if s["iters"] == 0
+                 and "zero-shot" in s["name"]]
     return _write_summary(p, stage1, runs, [], time.time() - t0)
 
 
@@ -414,11 +455,18 @@ def _stage1_info(p: Protocol, encodings) -> dict:
         ap = json.loads(res.read_text()) if res.is_file() else None
         stage1[e] = {"checkpoint": str(final), "window_structure": window_structure(str(final)),
                      "box_AP_64px": ap["bbox"]["AP"] if ap else None, "mask_AP_64px": ap["segm"]["AP"] if ap else None}
+        ablated = Path(no_embedding_spec(p, e)["out"]) / "result.json"
+        if ablated.is_file():
+            ab = json.loads(ablated.read_text())
+            stage1[e]["box_AP_64px_no_embedding"] = ab["bbox"]["AP"]
+            stage1[e]["mask_AP_64px_no_embedding"] = ab["segm"]["AP"]
     return stage1
 
 
 def _report(p: Protocol, encodings, log) -> dict:
     specs = [stage2_spec(p, r, k, c, s) for k in p.multipliers for c in p.conditions for s in p.seeds for r in p.rows]
+    if p.zero_shot:
+        specs += [zero_shot_spec(p, r, k, c) for k in p.multipliers for c in p.conditions for r in p.rows]
     done = [Path(s["out"]) / "result.json" for s in specs]
     runs = [json.loads(f.read_text()) for f in done if f.is_file()]
     missing = [s["name"] for s, f in zip(specs, done) if not f.is_file()]

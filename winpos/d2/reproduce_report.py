@@ -12,13 +12,17 @@ def _mean_std(values):
 
 
 def summarize(p: Protocol, stage1: dict, runs: list[dict]) -> dict:
-    """Mean, sample std and per-seed values of box / mask AP per (row, condition, multiplier)."""
-    table = {}
+    """Mean, sample std and per-seed values of box / mask AP per (row, condition, multiplier) in ``"stage2"``;
+    the evaluations without finetuning (names ending in ``zero-shot``) per cell in ``"zero_shot"``."""
+    table, zero_shot = {}, {}
     for out in runs:
         s = out["spec"]
-        row = s["name"].split("/")[0]
-        cell = table.setdefault(row, {}).setdefault(s["name"].split("/")[1], {}).setdefault(label(s["size"] / PRETRAIN_SIZE), {
-            "box": [], "mask": []})
+        row, cond = s["name"].split("/")[:2]
+        k = label(s["size"] / PRETRAIN_SIZE)
+        if s["name"].endswith("zero-shot"):
+            zero_shot.setdefault(row, {}).setdefault(cond, {})[k] = {"box": out["bbox"]["AP"], "mask": out["segm"]["AP"]}
+            continue
+        cell = table.setdefault(row, {}).setdefault(cond, {}).setdefault(k, {"box": [], "mask": []})
         cell["box"].append(out["bbox"]["AP"])
         cell["mask"].append(out["segm"]["AP"])
     for row in table.values():
@@ -26,7 +30,25 @@ def summarize(p: Protocol, stage1: dict, runs: list[dict]) -> dict:
             for cell in cond.values():
                 for key in ("box", "mask"):
                     cell[f"{key}_mean"], cell[f"{key}_std"] = _mean_std(cell[key])
-    return {"protocol": {k: v for k, v in vars(p).items()}, "stage1": stage1, "stage2": table}
+    return {"protocol": {k: v for k, v in vars(p).items()}, "stage1": stage1, "stage2": table, "zero_shot": zero_shot}
+
+
+def format_zero_shot(summary: dict) -> str:
+    """Markdown table of the stage-2 starts evaluated without finetuning, and the 64 px AP of each stage-1 detector
+    with and without its token embedding."""
+    zs, st1 = summary.get("zero_shot", {}), summary["stage1"]
+    cols = [(c, k) for c in CONDITIONS for k in _multiplier_labels(zs, c)]
+    lines = ["| row | 64 px box AP (embedding zeroed) | " + " | ".join(f"{c} {k} box / mask AP" for c, k in cols) + " |",
+             "|" + "---|" * (len(cols) + 2)]
+    for row, cells in zs.items():
+        info = st1[ROWS[row].pretrained]
+        at64 = "-" if info.get("box_AP_64px") is None else f"{info['box_AP_64px']:.1f}"
+        if info.get("box_AP_64px_no_embedding") is not None:
+            at64 += f" ({info['box_AP_64px_no_embedding']:.1f})"
+        vals = ["-" if cells.get(c, {}).get(k) is None else
+                f"{cells[c][k]['box']:.1f} / {cells[c][k]['mask']:.1f}" for c, k in cols]
+        lines.append(f"| {ROWS[row].label} | {at64} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
 
 
 def _multiplier_labels(st2: dict, condition: str) -> list[str]:
@@ -79,11 +101,17 @@ def plot_results(summary: dict, path: str) -> None:
             ax.bar(i, cell["box_mean"], color=color, alpha=0.55)
             ax.errorbar(i, cell["box_mean"], yerr=cell["box_std"], color="k", capsize=3)
             ax.plot([i] * len(cell["box"]), cell["box"], "k.", ms=4)
+            start = summary.get("zero_shot", {}).get(row, {}).get(c, {}).get(k)
+            if start is not None:  # the same weights before finetuning
+                ax.plot(i, start["box"], "x", color="C3", ms=7, mew=2,
+                        label="before finetuning" if not ax.get_legend_handles_labels()[0] else None)
         grid = round(PRETRAIN_SIZE // 4 * float(k[:-1]))
         ax.set_title(f"{c}, {k} grid ({grid}x{grid} tokens)", fontsize=10)
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([ROWS[r].label.split(")")[0] + ") " + r for r in rows], rotation=45, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel("box AP (pycocotools), mean ± std over seeds")
     fig.suptitle(f"Finetuning a 64 px-pretrained HieraDet Mask R-CNN at a larger token grid "
                  f"({summary['protocol']['finetune_iters']} iterations each)", fontsize=11)
