@@ -46,11 +46,18 @@ CONDITIONS = ("canvas", "upscaled")
 ENCODINGS = {
     "abs": dict(pos_embed="abs", window_pos="none", global_pos="none"),
     "abs_periodic": dict(pos_embed="abs", window_pos="none", global_pos="none"),  # + window-periodic start
+    "abs_periodic_strong": dict(pos_embed="abs", window_pos="none", global_pos="none"),  # 5x larger start
     "abswin": dict(pos_embed="abswin", window_pos="none", global_pos="none"),
     "rope": dict(pos_embed="none", window_pos="rope", global_pos="rope"),
     "lookhere": dict(pos_embed="none", window_pos="lookhere", global_pos="lookhere"),
     "relpos": dict(pos_embed="abs", window_pos="relpos", global_pos="relpos"),
 }
+
+
+# (window_std, global_std) of the window-periodic starts (``periodic_start``). The default 0.1 is the scale of the
+# embedding a detector learns here from the usual random start; the strong one is that of the patch embedding's
+# output (std 0.66 at 64 px), so the detector cannot ignore it.
+PERIODIC_STARTS = {"abs_periodic": (0.1, 0.05), "abs_periodic_strong": (0.5, 0.25)}
 
 
 @dataclass(frozen=True)
@@ -65,6 +72,8 @@ ROWS = {
     "abs2win": Row("(b) abs -> abs-win on import", "abs", convert=True),
     "abs_periodic": Row("(a') periodic-start abs, naive", "abs_periodic"),
     "abs_periodic2win": Row("(b') periodic-start abs -> abs-win", "abs_periodic", convert=True),
+    "abs_strong": Row("(a'') strong periodic-start abs, naive", "abs_periodic_strong"),
+    "abs_strong2win": Row("(b'') strong periodic-start abs -> abs-win", "abs_periodic_strong", convert=True),
     "abswin": Row("(c) abs-win pretrained", "abswin"),
     "rope": Row("(d) RoPE", "rope"),
     "lookhere": Row("(e) LookHere", "lookhere"),
@@ -200,10 +209,10 @@ def run_one(spec: dict) -> dict:
     os.makedirs(spec["out"], exist_ok=True)
     setup_logger(output=os.path.join(spec["out"], "log.txt"), name="detectron2", abbrev_name="d2")
     setup_logger(output=os.path.join(spec["out"], "log.txt"), name="winpos")
-    if spec["encoding"] == "abs_periodic" and not spec.get("init"):
+    if spec["encoding"] in PERIODIC_STARTS and not spec.get("init"):
         spec = dict(spec, init=os.path.join(spec["out"], "init_periodic.pth"))
         if not os.path.isfile(spec["init"]):
-            periodic_start(spec, spec["init"])
+            periodic_start(spec, spec["init"], *PERIODIC_STARTS[spec["encoding"]])
     if spec.get("mim_iters") and not spec.get("init"):
         spec = dict(spec, init=os.path.join(spec["out"], "init_masked.pth"))
         if not os.path.isfile(spec["init"]):
