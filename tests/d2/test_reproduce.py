@@ -210,6 +210,16 @@ def test_reproduce_cli_bad_input_is_one_line_and_writes_nothing(args, message, t
     assert not (tmp_path / "o").exists()
 
 
+def test_demo_refuses_an_output_that_is_a_file(tmp_path):
+    (tmp_path / "o").write_text("not a folder")
+    ship = ROOT / "tools" / "checkpoints"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "run_demo.py"), "--output", str(tmp_path / "o")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: --output {tmp_path / 'o'} is a file")
+    assert (tmp_path / "o").read_text() == "not a folder" and ship.is_dir()
+
+
 @pytest.mark.parametrize("what", ["missing", "corrupt"])
 def test_demo_refuses_a_missing_or_corrupt_shipped_checkpoint(what, tmp_path):
     ckpt, manifest = tmp_path / "s.pth", tmp_path / "s.json"

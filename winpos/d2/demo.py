@@ -53,7 +53,9 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
     if not isinstance(workers, int) or workers < 1:
         raise WinposError(f"--workers {workers!r} must be a positive int")
     info = check_stage1(checkpoint, manifest)
-    out = Path(output_dir)
+    from winpos.outputs import check_output_dir
+
+    out = check_output_dir(output_dir, input_files=[checkpoint, manifest])  # resumes: existing runs are kept
     proto = R.Protocol(config=config, output_dir=str(out), rows=DEMO_ROWS, multipliers=(2,), conditions=(CONDITION,),
                        seeds=tuple(seeds), finetune_iters=iters, workers=workers)
     proto.validate()

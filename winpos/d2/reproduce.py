@@ -428,6 +428,9 @@ def run_protocol(p: Protocol, log=print, report_only: bool = False) -> dict:
     t0 = time.time()
     if report_only:
         return _report(p, encodings, log)
+    from winpos.outputs import check_output_dir
+
+    check_output_dir(out_dir)  # a re-run resumes in it: its finished runs are kept
     (out_dir / "stage2").mkdir(parents=True, exist_ok=True)
     log(f"stage 1: pretraining {', '.join(encodings)} at {PRETRAIN_SIZE} px, {p.pretrain_iters} iterations each")
     _pool([stage1_spec(p, e) for e in encodings if not (Path(stage1_spec(p, e)["out"]) / "model_final.pth").is_file()
