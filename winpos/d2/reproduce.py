@@ -456,11 +456,14 @@ def run_protocol(p: Protocol, log=print, report_only: bool = False) -> dict:
     return _write_summary(p, stage1, runs, [], time.time() - t0)
 
 
-def _stage1_info(p: Protocol, encodings) -> dict:
+def _stage1_info(p: Protocol, encodings, strict: bool = True) -> dict:
     stage1 = {}
     for e in encodings:
         spec = stage1_spec(p, e)
         final = Path(spec["out"]) / "model_final.pth"
+        if not final.is_file() and not strict:  # a report while stage 1 of this encoding has not finished
+            stage1[e] = {"checkpoint": None, "window_structure": None, "box_AP_64px": None, "mask_AP_64px": None}
+            continue
         if not final.is_file():
             raise WinposError(f"stage-1 checkpoint {final} is missing; delete {spec['out']} and re-run to pretrain it")
         res = Path(spec["out"]) / "result.json"
@@ -485,7 +488,7 @@ def _report(p: Protocol, encodings, log) -> dict:
     if not runs:
         raise WinposError(f"no finished stage-2 run under {p.output_dir}; run without --report-only first")
     log(f"report of {len(runs)} finished runs ({len(missing)} of the protocol's {len(specs)} not run)")
-    return _write_summary(p, _stage1_info(p, encodings), runs, missing, None)
+    return _write_summary(p, _stage1_info(p, encodings, strict=False), runs, missing, None)
 
 
 def _write_summary(p: Protocol, stage1: dict, runs: list, missing: list, seconds) -> dict:
