@@ -97,7 +97,8 @@ def plot_results(summary: dict, path: str) -> None:
             cell = st2[row].get(c, {}).get(k)
             if cell is None:
                 continue
-            color = "C3" if row == "abs" else "C2" if row == "abs2win" else "C0"
+            naive = ROWS[row].pretrained.startswith("abs") and ROWS[row].pretrained != "abswin" and not ROWS[row].convert
+            color = "C2" if ROWS[row].convert else "C3" if naive else "C0"  # green: converted, red: naive abs
             ax.bar(i, cell["box_mean"], color=color, alpha=0.55)
             ax.errorbar(i, cell["box_mean"], yerr=cell["box_std"], color="k", capsize=3)
             ax.plot([i] * len(cell["box"]), cell["box"], "k.", ms=4)
