@@ -175,14 +175,14 @@ def test_table_and_plot_from_a_summary(tmp_path):
                           "rope": {"window_structure": None}},
                "stage2": {"abs_periodic": {"canvas": {"2x": cell(10, 12, 14)}, "upscaled": {"2x": cell(20, 22)}},
                           "abs_periodic2win": {"canvas": {"2x": cell(30, 32, 34)}},
-                          "rope": {"upscaled": {"2x": cell(25, 26)}}}}
+                          "rope": {"upscaled": {"2x": cell(25, 26)}, "canvas": {"2x": cell(24)}}}}
     summary["stage1"]["abs_periodic2win"] = summary["stage1"]["abs_periodic"]
     table = format_table(summary).splitlines()
     assert table[0].startswith("| row | stage-1 WS@4") and "canvas 2x" in table[0] and "upscaled 2x" in table[0]
     assert "| (a') periodic-start abs, naive | 0.80 (naive: 0.07 / 0.00) | 12.0 ± 1.0 / 6.0 ± 0.5 | 21.0" in table[2]
     assert table[2].endswith("(n=2) |")  # two of the protocol's three seeds
     assert "0.80 (abswin: 0.79 / 0.78) | 32.0 ± 1.0 / 16.0 ± 0.5 |" in table[3] and table[3].endswith("| - |")
-    assert "n/a (no embedding) | - | 25.5" in table[4]
+    assert "n/a (no embedding) | 24.0 / 12.0 (1 seed) | 25.5" in table[4]  # one seed: no spread shown
     summary["zero_shot"] = {"abs_periodic": {"canvas": {"2x": {"box": 3.0, "mask": 2.0}}}}
     summary["stage1"]["abs_periodic"].update(box_AP_64px=19.6, box_AP_64px_no_embedding=4.2)
     zs = format_zero_shot(summary).splitlines()

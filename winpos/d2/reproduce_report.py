@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+import textwrap
 
 from winpos.d2.reproduce import CONDITIONS, PRETRAIN_SIZE, ROWS, label
 
@@ -74,9 +75,14 @@ def format_table(summary: dict) -> str:
         vals = []
         for c, k in cols:
             cell = cells.get(c, {}).get(k)
-            n = "" if cell is None or len(cell["box"]) == n_seeds else f" (n={len(cell['box'])})"
-            vals.append("-" if cell is None else f"{cell['box_mean']:.1f} ± {cell['box_std']:.1f} / "
-                                                 f"{cell['mask_mean']:.1f} ± {cell['mask_std']:.1f}{n}")
+            if cell is None:
+                vals.append("-")
+            elif len(cell["box"]) == 1:  # one seed: no spread to show
+                vals.append(f"{cell['box_mean']:.1f} / {cell['mask_mean']:.1f} (1 seed)")
+            else:
+                n = "" if len(cell["box"]) == n_seeds else f" (n={len(cell['box'])})"
+                vals.append(f"{cell['box_mean']:.1f} ± {cell['box_std']:.1f} / "
+                            f"{cell['mask_mean']:.1f} ± {cell['mask_std']:.1f}{n}")
         lines.append(f"| {ROWS[row].label} | {ws_txt} | " + " | ".join(vals) + " |")
     return "\n".join(lines)
 
@@ -114,8 +120,9 @@ def plot_results(summary: dict, path: str) -> None:
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel("box AP (pycocotools), mean ± std over seeds")
-    fig.suptitle(f"Finetuning a 64 px-pretrained HieraDet Mask R-CNN at a larger token grid "
-                 f"({summary['protocol']['finetune_iters']} iterations each)", fontsize=11)
+    title = (f"Finetuning a 64 px-pretrained HieraDet Mask R-CNN at a larger token grid "
+             f"({summary['protocol']['finetune_iters']} iterations each)")
+    fig.suptitle(textwrap.fill(title, width=max(36, int(8.5 * 4.2 * len(panels)))), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
