@@ -145,6 +145,10 @@ def test_load_external_detects_the_format_and_refuses_what_does_not_fit(tmp_path
     del bad["config"]["layer_slopes"]
     with pytest.raises(ValueError, match=r"lacks \['layer_slopes'\]"):
         load_external(bad, "vitdet_b", recipe="lookhere", **SMALL)
+    nan = official_file("45", dim=96, depth=4)  # a NaN weight is refused, as in every other format
+    nan["weights"]["blocks.2.attn.qkv.weight"][3, 5] = float("nan")
+    with pytest.raises(ValueError, match=r"NaN/inf values in 1 tensors \(blocks.2.attn.qkv.weight\)"):
+        load_external(nan, "vitdet_b", recipe="lookhere", **SMALL)
 
 
 class _WritesFile:
