@@ -88,6 +88,9 @@ def test_killed_run_resumes_without_lost_or_repeated_iterations(trained):
     assert "Starting training from iteration 100" in (out / "log.txt").read_text()
     assert _train_iters(_metrics(out)) == list(range(LOG_PERIOD - 1, MAX_ITER, LOG_PERIOD))
     assert not list(out.glob("*.tmp"))
+    saved = (out / "config.yaml").read_text()  # plain data that rebuilds the run, not a pickled model
+    assert "torch._utils" not in saved and "meta_arch.rcnn.GeneralizedRCNN" not in saved  # no weights in it
+    assert len(saved) < 50_000 and f"max_iter: {MAX_ITER}" in saved
 
 
 def test_tiny_config_learns(trained):

@@ -15,6 +15,7 @@ the run that is already there.
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import json
 import logging
@@ -251,8 +252,9 @@ class ResumableWriter(hooks.PeriodicWriter):
 def do_train(cfg, resume: bool = False) -> dict:
     """Train ``cfg.model`` as configured; returns the last evaluation results (or {})."""
     model = build_model(cfg)
-    cfg.optimizer.params.model = model
-    optimizer = instantiate(cfg.optimizer)
+    opt_cfg = copy.deepcopy(cfg.optimizer)  # the model goes into a copy: cfg stays plain data for config.yaml
+    opt_cfg.params.model = model
+    optimizer = instantiate(opt_cfg)
     model = _ddp(model, cfg)
     amp = cfg.train.get("amp", {})
     trainer = WinposTrainer(model, None, optimizer, amp=amp.get("enabled", False),
