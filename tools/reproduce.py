@@ -52,7 +52,7 @@ def main(argv=None):
                         "(command, seed, SHA-256) to PATH, e.g. abs_periodic:tools/checkpoints/stage1.pth")
     args = p.parse_args(argv)
     from winpos.d2.reproduce import run_protocol
-    from winpos.d2.reproduce_report import format_table, format_zero_shot, plot_results
+    from winpos.d2.reproduce_report import format_pairs, format_table, format_zero_shot, plot_results
 
     proto = Protocol(config=args.config, output_dir=args.output, rows=args.rows, multipliers=tuple(args.multipliers),
                      conditions=args.conditions, seeds=tuple(args.seeds), pretrain_iters=args.pretrain_iters,
@@ -78,6 +78,8 @@ def main(argv=None):
     if summary.get("zero_shot"):
         print("\nwithout finetuning (the stage-2 starts evaluated at the new size):")
         print(format_zero_shot(summary))
+    print("\ndoes the abs -> abs-win conversion beat naive interpolation?")
+    print(format_pairs(summary))
     print(f"\nplot: {args.output}/results.png; every number: {args.output}/results.json")
     return 0
 

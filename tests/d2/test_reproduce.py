@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from winpos.d2 import reproduce as R
-from winpos.d2.reproduce_report import format_table, format_zero_shot, plot_results
+from winpos.d2.reproduce_report import compare_pairs, format_pairs, format_table, format_zero_shot, plot_results
 from winpos.diagnostics.metrics import naive_resize, window_similarity
 from winpos.errors import WinposError
 
@@ -190,6 +190,34 @@ def test_table_and_plot_from_a_summary(tmp_path):
     assert zs[2] == "| (a') periodic-start abs, naive | 19.6 (4.2) | 3.0 / 2.0 |"
     plot_results(summary, str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").stat().st_size > 10000
+
+
+def test_converted_rows_are_compared_with_their_naive_partner_per_seed():
+    def cell(seeds, box):
+        m = sum(box) / len(box)
+        sd = (sum((b - m) ** 2 for b in box) / (len(box) - 1)) ** 0.5 if len(box) > 1 else 0.0
+        return {"box": box, "mask": box, "seeds": seeds, "box_mean": m, "box_std": sd, "mask_mean": m, "mask_std": sd}
+
+    summary = {"stage2": {"abs": {"canvas": {"2x": cell([0, 1, 2], [10.0, 12.0, 14.0])},
+                                  "upscaled": {"2x": cell([0], [5.0])}},
+                          "abs2win": {"canvas": {"2x": cell([0, 1, 2], [15.0, 16.0, 17.0])},
+                                      "upscaled": {"2x": cell([0], [6.0])}},
+                          "abs_strong": {"canvas": {"2x": cell([0, 2], [20.0, 21.0])}},
+                          "abs_strong2win": {"canvas": {"2x": cell([1, 2], [19.0, 22.0])}}},
+               "zero_shot": {"abs": {"canvas": {"2x": {"box": 8.0, "mask": 1.0}}},
+                             "abs2win": {"canvas": {"2x": {"box": 9.5, "mask": 1.0}}}}}
+    pairs = {(e["converted"], e["condition"]): e for e in compare_pairs(summary)}
+    big = pairs[("abs2win", "canvas")]
+    assert big["delta"] == pytest.approx(4.0) and big["per_seed"] == pytest.approx([5.0, 4.0, 3.0])
+    assert big["spread"] == pytest.approx(2.0) and big["beyond_spread"] and big["zero_shot"] == pytest.approx(1.5)
+    one = pairs[("abs2win", "upscaled")]
+    assert one["per_seed"] == [1.0] and one["spread"] is None and one["beyond_spread"] is None
+    strong = pairs[("abs_strong2win", "canvas")]  # seeds paired by number, not by position
+    assert strong["per_seed"] == [1.0] and strong["beyond_spread"] is False  # +0.0 mean difference vs std 2.1
+    table = format_pairs(summary).splitlines()
+    assert "| (b) - (a) | canvas 2x | +4.0 (+5.0, +4.0, +3.0) | 2.0 | yes | +1.5 |" in table
+    assert "| (b) - (a) | upscaled 2x | +1.0 (+1.0) | - | 1 seed: no spread | - |" in table
+    assert "| (b'') - (a'') | canvas 2x | +0.0 (+1.0) | 2.1 | no | - |" in table
 
 
 @pytest.mark.parametrize("args,message", [

@@ -492,10 +492,11 @@ def _report(p: Protocol, encodings, log) -> dict:
 
 
 def _write_summary(p: Protocol, stage1: dict, runs: list, missing: list, seconds) -> dict:
-    from winpos.d2.reproduce_report import summarize
+    from winpos.d2.reproduce_report import compare_pairs, summarize
     from winpos.outputs import atomic_write
 
     summary = summarize(p, stage1, runs)
+    summary["pairs"] = compare_pairs(summary)
     summary["missing"] = missing
     if seconds is not None:
         summary["minutes"] = seconds / 60

@@ -23,9 +23,10 @@ def summarize(p: Protocol, stage1: dict, runs: list[dict]) -> dict:
         if s["name"].endswith("zero-shot"):
             zero_shot.setdefault(row, {}).setdefault(cond, {})[k] = {"box": out["bbox"]["AP"], "mask": out["segm"]["AP"]}
             continue
-        cell = table.setdefault(row, {}).setdefault(cond, {}).setdefault(k, {"box": [], "mask": []})
+        cell = table.setdefault(row, {}).setdefault(cond, {}).setdefault(k, {"box": [], "mask": [], "seeds": []})
         cell["box"].append(out["bbox"]["AP"])
         cell["mask"].append(out["segm"]["AP"])
+        cell["seeds"].append(s["seed"])
     for row in table.values():
         for cond in row.values():
             for cell in cond.values():
@@ -49,6 +50,51 @@ def format_zero_shot(summary: dict) -> str:
         vals = ["-" if cells.get(c, {}).get(k) is None else
                 f"{cells[c][k]['box']:.1f} / {cells[c][k]['mask']:.1f}" for c, k in cols]
         lines.append(f"| {ROWS[row].label} | {at64} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def compare_pairs(summary: dict) -> list[dict]:
+    """Each converted row against its naive partner (same stage-1 checkpoint), per (condition, multiplier) where
+    both finished: the difference of mean box AP, the per-seed differences (same seed = same data order and head
+    initialisation) and whether the difference exceeds the seed spread (the larger std of the two rows; needs
+    >= 2 seeds each). Evaluations without finetuning have no seed: their difference is listed as ``zero_shot``."""
+    st2, zs = summary["stage2"], summary.get("zero_shot", {})
+    pairs = []
+    for conv, row in ROWS.items():
+        naive = next((r for r, v in ROWS.items() if v.pretrained == row.pretrained and not v.convert), None)
+        if not row.convert or naive is None:
+            continue
+        for c in CONDITIONS:
+            for k in sorted(set(st2.get(conv, {}).get(c, {})) | set(zs.get(conv, {}).get(c, {})), key=lambda x: float(x[:-1])):
+                a, b = st2.get(naive, {}).get(c, {}).get(k), st2.get(conv, {}).get(c, {}).get(k)
+                za, zb = zs.get(naive, {}).get(c, {}).get(k), zs.get(conv, {}).get(c, {}).get(k)
+                entry = {"naive": naive, "converted": conv, "condition": c, "multiplier": k,
+                         "zero_shot": None if za is None or zb is None else zb["box"] - za["box"]}
+                if a is not None and b is not None:
+                    sa, sb = dict(zip(a.get("seeds", []), a["box"])), dict(zip(b.get("seeds", []), b["box"]))
+                    spread = max(a["box_std"], b["box_std"]) if min(len(a["box"]), len(b["box"])) >= 2 else None
+                    delta = b["box_mean"] - a["box_mean"]
+                    entry.update(delta=delta, per_seed=[sb[s] - sa[s] for s in sorted(set(sa) & set(sb))],
+                                 spread=spread, beyond_spread=None if spread is None else abs(delta) > spread)
+                pairs.append(entry)
+    return pairs
+
+
+def format_pairs(summary: dict) -> str:
+    """Markdown table of ``compare_pairs``: does the abs -> abs-win conversion beat naive interpolation?"""
+    lines = ["| pair | condition, grid | converted - naive, box AP (per seed) | seed std (larger) | beyond the spread? "
+             "| before finetuning |", "|---|---|---|---|---|---|"]
+    for e in compare_pairs(summary):
+        a, b = ROWS[e["naive"]].label.split(")")[0] + ")", ROWS[e["converted"]].label.split(")")[0] + ")"
+        if "delta" in e:
+            seeds = ", ".join(f"{d:+.1f}" for d in e["per_seed"])
+            diff = f"{e['delta']:+.1f} ({seeds})"
+            spread = "-" if e["spread"] is None else f"{e['spread']:.1f}"
+            verdict = "1 seed: no spread" if e["beyond_spread"] is None else "yes" if e["beyond_spread"] else "no"
+        else:
+            diff, spread, verdict = "-", "-", "-"
+        zero = "-" if e["zero_shot"] is None else f"{e['zero_shot']:+.1f}"
+        lines.append(f"| {b} - {a} | {e['condition']} {e['multiplier']} | {diff} | {spread} | {verdict} | {zero} |")
     return "\n".join(lines)
 
 
