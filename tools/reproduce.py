@@ -66,13 +66,19 @@ def main(argv=None):
                     f"{', '.join(sorted({r.pretrained for r in ROWS.values()}))}")
         export = (enc, path)
     log = lambda m: print(f"[reproduce] {m}", flush=True)  # noqa: E731
-    summary = run_protocol(proto, log=log, report_only=args.report_only)
-    if export:
+
+    def export_now():
         from winpos.d2.reproduce import export_stage1
 
         command = "python tools/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
         info = export_stage1(proto, export[0], export[1], command)
         log(f"exported stage-1 {export[0]} to {export[1]} (sha256 {info['sha256'][:12]}...)")
+
+    # the export happens as soon as stage 1 is done (before stage 2); with --report-only, after the report
+    summary = run_protocol(proto, log=log, report_only=args.report_only,
+                           after_stage1=export_now if export and not args.report_only else None)
+    if export and args.report_only:
+        export_now()
     plot_results(summary, str(Path(args.output) / "results.png"))
     print(format_table(summary))
     if summary.get("zero_shot"):

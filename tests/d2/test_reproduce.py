@@ -62,6 +62,23 @@ def test_protocol_refuses_bad_settings_before_writing(kwargs, message, tmp_path)
     assert not (tmp_path / "out").exists()
 
 
+def test_after_stage1_runs_between_the_stages(tmp_path, monkeypatch):
+    """``--export-stage1`` happens as soon as stage 1 is done, before any stage-2 run."""
+    events = []
+
+    def fake_pool(specs, workers, log):
+        events.append([s["name"].split("/")[0] for s in specs])
+        return [{"spec": s, "bbox": {"AP": 1.0}, "segm": {"AP": 1.0}} for s in specs]
+
+    monkeypatch.setattr(R, "_pool", fake_pool)
+    monkeypatch.setattr(R, "_stage1_info", lambda p, encs, strict=True: {e: {"checkpoint": "x", "window_structure": None}
+                                                                        for e in encs})
+    p = R.Protocol(config=CONFIG, output_dir=str(tmp_path / "out"), rows=("rope",), multipliers=(2,),
+                   conditions=("canvas",), seeds=(0,), zero_shot=False)
+    R.run_protocol(p, log=lambda m: None, after_stage1=lambda: events.append("exported"))
+    assert events == [["stage1"], "exported", ["rope"]]
+
+
 def _embedding(model, hw):
     with torch.no_grad():
         return model.backbone.bottom_up.net.pos_embed(hw)[0].permute(2, 0, 1)  # (1, H, W, C) -> (C, H, W)

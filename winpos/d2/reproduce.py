@@ -417,11 +417,12 @@ def _pool(specs, workers, log) -> list[dict]:
         return list(ex.map(lambda s: _launch(s, log), specs))
 
 
-def run_protocol(p: Protocol, log=print, report_only: bool = False) -> dict:
+def run_protocol(p: Protocol, log=print, report_only: bool = False, after_stage1=None) -> dict:
     """Stage 1 for every encoding the rows need, the abs -> abs-win conversion, then every stage-2 run.
 
     ``report_only``: run nothing; summarize the runs of this protocol that have finished (the summary lists the
-    missing ones under ``"missing"``)."""
+    missing ones under ``"missing"``). ``after_stage1``: called with no argument once every stage-1 checkpoint
+    exists, before stage 2 (e.g. to export one)."""
     p.validate()
     out_dir = Path(p.output_dir)
     encodings = sorted({ROWS[r].pretrained for r in p.rows})
@@ -436,6 +437,8 @@ def run_protocol(p: Protocol, log=print, report_only: bool = False) -> dict:
     _pool([stage1_spec(p, e) for e in encodings if not (Path(stage1_spec(p, e)["out"]) / "model_final.pth").is_file()
            or not (Path(stage1_spec(p, e)["out"]) / "result.json").is_file()], p.workers, log)
     stage1 = _stage1_info(p, encodings)
+    if after_stage1 is not None:
+        after_stage1()
     for enc in sorted({ROWS[r].pretrained for r in p.rows if ROWS[r].convert}):
         dst = out_dir / "stage2" / f"{enc}2win_init.pth"
         if not dst.is_file():
