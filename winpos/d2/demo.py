@@ -101,8 +101,12 @@ def print_summary(summary: dict, output_dir) -> None:
     ws = summary["stage1"]["abs_periodic"]["window_structure"]
     print(f"\n=== winpos demo: a 64 px-pretrained HieraDet Mask R-CNN finetuned at 2x its token grid "
           f"(64 px images upscaled to 128 px, one class, {summary['protocol']['finetune_iters']} iterations) ===")
+    man = summary.get("stage1_manifest", {})
+    if man.get("box_AP_64px") is not None:
+        print(f"shipped stage-1 detector ({man.get('iterations')} iterations at 64 px): box AP {man['box_AP_64px']:.1f}, "
+              f"mask AP {man['mask_AP_64px']:.1f} at 64 px")
     print(f"shipped stage-1 embedding: window similarity WS@4 = {ws['ws']:.2f} at 16x16 tokens; naive interpolation "
-          f"to 32x32 leaves {ws['ws_naive_2x']:.2f}, abs-win keeps {ws['ws']:.2f}")
+          f"to 32x32 leaves {ws['ws_naive_2x']:.2f}, abs-win keeps {ws['ws_abswin_2x']:.2f}")
     print(format_table(summary))
     fc = summary.get("four_class")
     if fc:
