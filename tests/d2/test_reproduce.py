@@ -265,6 +265,20 @@ def test_demo_refuses_an_output_that_is_a_file(tmp_path):
     assert (tmp_path / "o").read_text() == "not a folder" and ship.is_dir()
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--lr", "0"], "--lr 0.0 must be a learning rate in (0, 1)"),
+    (["--lr", "nan"], "--lr"),
+    (["--iters", "0"], "--iters"),
+    (["--seeds", "x"], "--seeds"),
+])
+def test_demo_bad_arguments_are_one_line_and_write_nothing(args, message, tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "run_demo.py"), "--output", str(tmp_path / "o"),
+                           *args], capture_output=True, text=True)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert message in proc.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("what", ["missing", "corrupt"])
 def test_demo_refuses_a_missing_or_corrupt_shipped_checkpoint(what, tmp_path):
     ckpt, manifest = tmp_path / "s.pth", tmp_path / "s.json"

@@ -42,7 +42,7 @@ def check_stage1(checkpoint: str, manifest: str) -> dict:
 
 
 def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/demo", iters: int = 300,
-             seeds=(0,), workers: int = 2, four_class: bool = True, log=print) -> dict:
+             seeds=(0,), workers: int = 2, four_class: bool = True, lr: float = 2e-4, log=print) -> dict:
     """Finetune the shipped stage-1 checkpoint as rows (a') and (b') at 2x grid on upscaled images (and (b') on
     the four-class labels); returns the summary (also ``<output_dir>/summary.json``)."""
     from winpos.d2 import reproduce as R
@@ -50,6 +50,8 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
 
     if not isinstance(iters, int) or iters < 1:
         raise WinposError(f"--iters {iters!r} must be a positive number of finetuning iterations, e.g. 300")
+    if not isinstance(lr, (int, float)) or not 0 < lr < 1:
+        raise WinposError(f"--lr {lr!r} must be a learning rate in (0, 1), e.g. 2e-4")
     if not isinstance(workers, int) or workers < 1:
         raise WinposError(f"--workers {workers!r} must be a positive int")
     info = check_stage1(checkpoint, manifest)
@@ -57,7 +59,7 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
 
     out = check_output_dir(output_dir, input_files=[checkpoint, manifest])  # resumes: existing runs are kept
     proto = R.Protocol(config=config, output_dir=str(out), rows=DEMO_ROWS, multipliers=(2,), conditions=(CONDITION,),
-                       seeds=tuple(seeds), finetune_iters=iters, workers=workers)
+                       seeds=tuple(seeds), finetune_iters=iters, finetune_lr=float(lr), workers=workers)
     proto.validate()
     (out / "stage2").mkdir(parents=True, exist_ok=True)
     t0 = time.time()
