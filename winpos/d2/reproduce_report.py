@@ -144,6 +144,7 @@ def plot_results(summary: dict, path: str) -> None:
     panels = [(c, k) for c in CONDITIONS for k in _multiplier_labels(st2, c)]
     rows = list(st2)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4.2), sharey=True, squeeze=False)
+    used = set()
     for ax, (c, k) in zip(axes[0], panels):
         for i, row in enumerate(rows):
             cell = st2[row].get(c, {}).get(k)
@@ -151,6 +152,7 @@ def plot_results(summary: dict, path: str) -> None:
                 continue
             naive = ROWS[row].pretrained.startswith("abs") and ROWS[row].pretrained != "abswin" and not ROWS[row].convert
             color = "C2" if ROWS[row].convert else "C3" if naive else "C0"  # green: converted, red: naive abs
+            used.add(color)
             ax.bar(i, cell["box_mean"], color=color, alpha=0.55)
             ax.errorbar(i, cell["box_mean"], yerr=cell["box_std"], color="k", capsize=3)
             ax.plot([i] * len(cell["box"]), cell["box"], "k.", ms=4)
@@ -163,7 +165,15 @@ def plot_results(summary: dict, path: str) -> None:
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([ROWS[r].label.split(")")[0] + ") " + r for r in rows], rotation=45, ha="right", fontsize=8)
         ax.grid(axis="y", alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
+        if ax is axes[0][0]:  # what the colours mean, once
+            from matplotlib.patches import Patch
+
+            handles = [Patch(color=c, alpha=0.55, label=t) for c, t in (
+                ("C3", "abs, naive interpolation"), ("C2", "abs -> abs-win on import"),
+                ("C0", "pretrained with its encoding")) if c in used]
+            handles += [h for h in ax.get_legend_handles_labels()[0] if h.get_label() == "before finetuning"]
+            ax.legend(handles=handles, fontsize=7, loc="lower right")
+        elif ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc="lower right")
     axes[0][0].set_ylabel("box AP (pycocotools), mean ± std over seeds")
     title = (f"Finetuning a 64 px-pretrained HieraDet Mask R-CNN at a larger token grid "
