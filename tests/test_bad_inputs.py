@@ -288,7 +288,7 @@ def test_eval_only_requires_weights(tmp_path):
 
 
 def test_doctor_uses_the_strict_override_loader():
-    from winpos.diagnostics.doctor import diagnose
+    from winpos.d2.doctor import diagnose
 
     with pytest.raises(ValueError, match="no key 'nett'.*Did you mean 'model.backbone.net'"):
         diagnose(str(VIT_CONFIG), overrides=["model.backbone.nett.recipe=paper"])  # was: diagnosed 'original'
@@ -300,7 +300,7 @@ def test_doctor_uses_the_strict_override_loader():
 def test_doctor_image_size_zero_is_an_error():
     res = tool("posemb_viz.py", "doctor", "vitdet_b", "--image-size", "0")
     assert res.returncode == 2 and "--image-size" in res.stderr, res.stderr[-2000:]
-    from winpos.diagnostics.doctor import diagnose
+    from winpos.d2.doctor import diagnose
 
     with pytest.raises(ValueError, match="image"):
         diagnose("vitdet_b", 0)

@@ -93,8 +93,8 @@ def test_side_by_side_merges_top_ops():
 
 def test_kernels_command_forces_a_dry_run_only_without_cuda():
     cmd, forced = kernels.command(["--json", "x.json"], cuda=False)
-    assert forced and cmd[1:] == ["-m", "winpos.kernels.bench", "--json", "x.json", "--dry-run"]
-    assert kernels.command(["--json", "x.json"], cuda=True) == ([sys.executable, "-m", "winpos.kernels.bench",
+    assert forced and cmd[1:] == ["-m", "winpos.bench.kernels", "--json", "x.json", "--dry-run"]
+    assert kernels.command(["--json", "x.json"], cuda=True) == ([sys.executable, "-m", "winpos.bench.kernels",
                                                                  "--json", "x.json"], False)
     assert not kernels.command(["--dry-run"], cuda=False)[1] and not kernels.command(["--help"], cuda=False)[1]
 

@@ -11,7 +11,7 @@
         # time and memory vs input size per encoding, fitted growth exponent (time ~ tokens^k)
     python tools/benchmark.py train [--which hieradet|vitdet] [--encodings abswin,rope] [--iters 5] [--bf16]
         # training steps/s of the tiny shapes Mask R-CNN per encoding (configs/shapes), ratio vs abswin
-    python tools/benchmark.py kernels [ARGS of winpos.kernels.bench, e.g. --json out.json --reps 10]
+    python tools/benchmark.py kernels [ARGS of winpos.bench.kernels, e.g. --json out.json --reps 10]
         # Triton window attention vs SDPA (GPU); without CUDA it says so and runs its --dry-run
 
 Options after every subcommand but kernels: --json OUT (every number; not measured = null; an existing file is
@@ -24,6 +24,7 @@ any timing starts; a bad one gets one "error:" line and exit status 2.
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
@@ -119,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="config overrides for every encoding, e.g. dataloader.train.total_batch_size=2")
 
     sub.add_parser("kernels", add_help=False, help="Triton kernels vs SDPA (every argument goes to "
-                   "winpos.kernels.bench; --help shows its options)")
+                   "winpos.bench.kernels; --help shows its options)")
     return parser
 
 
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     else:
         from winpos.bench import train
 
-        result = train.run(which=args.family, encodings=args.encodings, iters=args.iters, warmup=args.warmup,
+        result = train.run(Path(__file__).resolve().parents[1] / "configs" / "shapes", which=args.family, encodings=args.encodings, iters=args.iters, warmup=args.warmup,
                            bf16=args.bf16, overrides=args.opts, device=device, seed=args.seed)
     if args.json:
         _write_json(args.json, result)

@@ -48,7 +48,7 @@ def main(argv=None):
                         print(f"{emb.get('name', ckpt.get('path', ''))}: {entry['verdict']}")
         print(f"wrote plots and report.json to {args.out}")
         return 0
-    from winpos.diagnostics.doctor import diagnose
+    from winpos.d2.doctor import diagnose
 
     report = diagnose(args.target, args.image_size, args.recipe, args.overrides)
     print(report.text())

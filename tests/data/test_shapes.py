@@ -25,7 +25,7 @@ from pycocotools.cocoeval import COCOeval
 from tests.conftest import require
 from winpos.data import (
     SHAPE_CLASSES, DatasetFileNotFoundError, Shape, compose_scene, ensure_shapes_dataset, generate_shapes,
-    mask_to_polygons, register_coco_dataset, register_shapes, validate_coco_json,
+    mask_to_polygons, validate_coco_json,
 )
 from winpos.data import shapes as shapes_module
 
@@ -201,7 +201,7 @@ def test_cache_is_atomic_and_second_call_is_a_noop(tmp_path, monkeypatch):
     assert ensure_shapes_dataset(**params) == paths  # $WINPOS_DATA is the default root
 
 
-# ---- validate_coco_json / register_coco_dataset -----------------------------------------------------------
+# ---- validate_coco_json / register_coco -------------------------------------------------------------------
 
 def _write_good(root: Path) -> tuple[Path, Path]:
     (root / "img").mkdir(parents=True)
@@ -296,8 +296,9 @@ def test_validate_passes_good_data_and_names_missing_paths(tmp_path):
         validate_coco_json(json_path, image_root, on_error="ignore")
 
 
-def test_register_coco_dataset_serves_cleaned_records(tmp_path):
+def test_register_coco_serves_cleaned_records(tmp_path):
     d2data = require("detectron2.data")
+    from winpos.d2.data import register_coco
     DatasetCatalog, MetadataCatalog = d2data.DatasetCatalog, d2data.MetadataCatalog
     json_path, image_root = _write_good(tmp_path)
     data = json.loads(json_path.read_text())
@@ -307,7 +308,7 @@ def test_register_coco_dataset_serves_cleaned_records(tmp_path):
     name = "winpos_test_register"
     try:
         for _ in range(2):  # registering the same name twice replaces it
-            report = register_coco_dataset(name, json_path, image_root, cache_dir=tmp_path / "cache")
+            report = register_coco(name, json_path, image_root, cache_dir=tmp_path / "cache")
         assert report.skipped["polygon_too_few_points"] == 1 and report.skipped["unknown_category_id"] == 1
         records = DatasetCatalog.get(name)
         assert [r["image_id"] for r in records] == [1, 2]
@@ -320,7 +321,7 @@ def test_register_coco_dataset_serves_cleaned_records(tmp_path):
         assert Path(meta.json_file).parent == tmp_path / "cache" / "cleaned"
         assert len(_quiet_coco(meta.json_file).dataset["annotations"]) == 1  # what the evaluator will read
         with pytest.raises(ValueError, match="unknown_category_id"):
-            register_coco_dataset(name, json_path, image_root, on_error="raise")
+            register_coco(name, json_path, image_root, on_error="raise")
     finally:
         DatasetCatalog.remove(name)
         MetadataCatalog.remove(name)
@@ -329,6 +330,7 @@ def test_register_coco_dataset_serves_cleaned_records(tmp_path):
 def test_register_shapes_feeds_detectron2_mapper(tmp_path):
     d2data = require("detectron2.data")
     structures = require("detectron2.structures")
+    from winpos.d2.data import register_shapes
     try:
         paths = register_shapes(tmp_path, train_images=3, val_images=2, image_size=96)
         assert set(paths) == {"shapes_train", "shapes_val"}

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from winpos.diagnostics.doctor import diagnose
+from winpos.d2.doctor import diagnose
 
 ROOT = Path(__file__).resolve().parents[2]
 

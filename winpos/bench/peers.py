@@ -20,15 +20,6 @@ SAM2_HIERA = "sam2 Hiera-B+"
 REFERENCE = {"vitdet": D2_VIT, "hiera": SAM2_HIERA}  # each family's ratios are taken against this row
 
 
-def detectron2_vit_b(img_size=1024, use_rel_pos=True):
-    from detectron2.modeling.backbone.vit import ViT
-
-    return ViT(img_size=img_size, patch_size=16, embed_dim=768, depth=12, num_heads=12, drop_path_rate=0.0,
-               window_size=14, mlp_ratio=4, qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6),
-               window_block_indexes=[0, 1, 3, 4, 6, 7, 9, 10], residual_block_indexes=[], use_rel_pos=use_rel_pos,
-               out_feature="last_feat")
-
-
 def sam2_hiera_bplus():
     from sam2.modeling.backbones.hieradet import Hiera
 
@@ -64,6 +55,8 @@ def _randomize(model: nn.Module, seed=0):
 
 
 def _d2_vit(img_size, built, use_rel_pos=True):
+    from winpos.d2.peers import detectron2_vit_b
+
     return _randomize(detectron2_vit_b(img_size, use_rel_pos=use_rel_pos))
 
 

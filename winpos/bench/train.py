@@ -18,33 +18,31 @@ import torch
 
 from winpos.bench.timing import print_table, progress
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs" / "shapes"
 BASELINE = "abswin"
 
 
-def available_encodings(which: str) -> list[str]:
-    """Encodings with a ``configs/shapes/mask_rcnn_{which}_tiny_{encoding}.py`` file, sorted."""
+def available_encodings(which: str, config_dir) -> list[str]:
+    """Encodings with a ``<config_dir>/mask_rcnn_{which}_tiny_{encoding}.py`` file (``configs/shapes`` of a
+    checkout), sorted."""
+    config_dir = Path(config_dir)
     pattern = re.compile(rf"mask_rcnn_{re.escape(which)}_tiny_(\w+)\.py$")
-    found = sorted(m.group(1) for p in CONFIG_DIR.glob("*.py") if (m := pattern.match(p.name)))
+    found = sorted(m.group(1) for p in config_dir.glob("*.py") if (m := pattern.match(p.name)))
     if not found:
-        raise ValueError(f"no configs/shapes/mask_rcnn_{which}_tiny_*.py under {CONFIG_DIR}; the train benchmark "
-                         "runs from a source checkout, with which='hieradet' or 'vitdet'")
+        raise ValueError(f"no mask_rcnn_{which}_tiny_*.py under {config_dir}; pass the configs/shapes folder of a "
+                         "winpos checkout, with which='hieradet' or 'vitdet'")
     return found
 
 
 def _trainer(path: Path, overrides, device: str, bf16: bool, seed: int):
-    from detectron2.config import instantiate
-
     from winpos.d2.config import load_config
-    from winpos.d2.engine import build_model
+    from winpos.d2.engine import build_model, build_optimizer
     from winpos.d2.train_loop import WinposTrainer
 
     cfg = load_config(path, overrides)
     cfg.train.device = device
     torch.manual_seed(seed)
     model = build_model(cfg).train()
-    cfg.optimizer.params.model = model
-    optimizer = instantiate(cfg.optimizer)
+    optimizer = build_optimizer(cfg, model)
     trainer = WinposTrainer(model, None, optimizer, amp=bf16, precision="bf16",
                             clip_grad=cfg.train.get("clip_grad", None))
     return cfg, trainer
@@ -73,13 +71,16 @@ def _step(trainer, storage, i: int, cuda: bool) -> float:
         return time.perf_counter() - t0
 
 
-def run(which="hieradet", encodings=None, iters=5, warmup=1, bf16=False, overrides=(), device="cpu",
+def run(config_dir, which="hieradet", encodings=None, iters=5, warmup=1, bf16=False, overrides=(), device="cpu",
         seed=0) -> dict:
     """Time ``iters`` training steps per encoding after ``warmup`` (see the module docstring); returns the
-    numbers and prints the table. ``overrides``: ``key=value`` config overrides applied to every encoding."""
-    from detectron2.utils.events import EventStorage
+    numbers and prints the table. ``config_dir``: the ``configs/shapes`` folder holding
+    ``mask_rcnn_{which}_tiny_{encoding}.py``; ``overrides``: ``key=value`` config overrides applied to every
+    encoding."""
+    from winpos.d2.engine import EventStorage
 
-    known = available_encodings(which)
+    config_dir = Path(config_dir)
+    known = available_encodings(which, config_dir)
     encodings = list(encodings or known)
     unknown = [e for e in encodings if e not in known]
     if unknown:
@@ -90,7 +91,7 @@ def run(which="hieradet", encodings=None, iters=5, warmup=1, bf16=False, overrid
     batches: dict = {}
     setups = {}
     for enc in encodings:
-        path = CONFIG_DIR / f"mask_rcnn_{which}_tiny_{enc}.py"
+        path = config_dir / f"mask_rcnn_{which}_tiny_{enc}.py"
         cfg, trainer = _trainer(path, list(overrides), device, bf16, seed)
         batch = _fixed_batch(cfg, batches)
         trainer.data_loader = itertools.repeat(batch)
@@ -111,7 +112,7 @@ def run(which="hieradet", encodings=None, iters=5, warmup=1, bf16=False, overrid
     rows = []
     for enc, (path, trainer, storage, images) in setups.items():
         rows.append({
-            "encoding": enc, "config": str(path.relative_to(CONFIG_DIR.parents[1])),
+            "encoding": enc, "config": path.name,
             "params_m": sum(p.numel() for p in trainer.model.parameters()) / 1e6,
             "images_per_iter": images, "median_s_per_iter": med[enc], "images_per_s": images / med[enc],
             f"speedup_vs_{BASELINE}": med[BASELINE] / med[enc] if BASELINE in med else None,

@@ -33,7 +33,7 @@ from winpos.outputs import atomic_write, remove_stale_temps
 
 __all__ = ["WinposCheckpointer", "RNGState", "load_init_checkpoint", "split_checkpoint_url"]
 
-logger = logging.getLogger("winpos")
+logger = logging.getLogger(__name__)
 
 
 def split_checkpoint_url(path: str) -> tuple[str, bool]:

@@ -1,8 +1,8 @@
 """Datasets and loaders for detectron2: registration helpers and a resumable, reproducible training loader.
 
-Registration: ``register_coco`` / ``register_shapes`` call ``winpos.data.coco`` (validated COCO json; bad entries
-counted and skipped). ``get_dataset_dicts`` is a drop-in for detectron2's ``get_detection_dataset_dicts`` that
-first registers the embedded ``shapes_*`` (and one-class ``shapes1_*``) datasets when a config names them, so a
+Registration: ``register_coco`` registers a COCO json after ``winpos.data.validate_coco_json`` (bad entries
+counted and skipped); ``register_shapes`` / ``register_shapes_one_class`` the embedded shapes data.
+``get_dataset_dicts`` is a drop-in for detectron2's ``get_detection_dataset_dicts`` that first registers the embedded ``shapes_*`` (and one-class ``shapes1_*``) datasets when a config names them, so a
 LazyConfig needs no registration code and works in every process (``launch`` workers, a reloaded ``config.yaml``).
 
 Training loader: ``build_resumable_train_loader`` draws sample ``p`` of an endless stream (epoch ``p // N``,
@@ -15,6 +15,8 @@ Batches are not grouped by aspect ratio: LSJ crops and pads every image to one s
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import logging
 import random
 
@@ -29,24 +31,58 @@ __all__ = ["register_coco", "register_shapes", "register_shapes_one_class", "ens
            "build_lsj_mapper",
            "build_test_mapper", "StreamDataset", "IterationBatchSampler", "build_resumable_train_loader"]
 
-logger = logging.getLogger("winpos")
+logger = logging.getLogger(__name__)
 SHAPES_NAMES = ("shapes_train", "shapes_val")
 SHAPES_ONE_CLASS_NAMES = ("shapes1_train", "shapes1_val")
 
 
-def register_coco(name: str, json_file, image_root, on_error: str = "skip", **kwargs):
-    """Register a COCO-format dataset (validated; ``on_error="skip"`` drops and counts bad entries, ``"raise"``
-    stops). Returns ``winpos.data.coco.ValidationReport``. See ``winpos.data.coco.register_coco_dataset``."""
-    from winpos.data.coco import register_coco_dataset
+def register_coco(name: str, json_file, image_root, on_error: str = "skip", metadata: dict | None = None,
+                  check_images: bool = True, cache_dir=None):
+    """Validate a COCO json (``winpos.data.validate_coco_json``), then register ``name`` in detectron2's
+    DatasetCatalog and MetadataCatalog from its cleaned records; returns the ``ValidationReport``.
 
-    return register_coco_dataset(name, json_file, image_root, on_error=on_error, **kwargs)
+    Like ``detectron2.data.datasets.register_coco_instances``, but ``on_error="skip"`` drops and counts bad
+    entries (``"raise"`` stops), and when entries were skipped both the loader and the evaluator (metadata
+    ``json_file``) read the cleaned json (``winpos.data.cleaned_json_file``: ``<cache_dir>/cleaned/<name>-<hash>.json``,
+    ``cache_dir`` defaulting to $WINPOS_DATA or ~/.cache/winpos); ``source_json_file`` keeps the original path.
+    Registering a name again replaces it. Metadata: thing_classes (by category id),
+    thing_dataset_id_to_contiguous_id, json_file, image_root, evaluator_type="coco", plus ``metadata``.
+    """
+    from detectron2.data import MetadataCatalog
+    from detectron2.data.datasets import load_coco_json
+
+    from winpos.data.coco import cleaned_json_file, validate_coco_json
+
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"dataset name must be a non-empty string, got {name!r}")
+    report = validate_coco_json(json_file, image_root, on_error=on_error, check_images=check_images)
+    cleaned = cleaned_json_file(report, name, json_file, cache_dir)
+    if name in DatasetCatalog.list():
+        DatasetCatalog.remove(name)
+    if name in MetadataCatalog.list():
+        MetadataCatalog.remove(name)
+    DatasetCatalog.register(name, functools.partial(load_coco_json, str(cleaned), str(image_root), name))
+    cats = sorted(report.dataset["categories"], key=lambda c: c["id"])
+    MetadataCatalog.get(name).set(
+        thing_classes=[c["name"] for c in cats],
+        thing_dataset_id_to_contiguous_id={c["id"]: i for i, c in enumerate(cats)},
+        json_file=str(cleaned), image_root=str(image_root), evaluator_type="coco",
+        source_json_file=str(json_file), **copy.deepcopy(metadata or {}))
+    return report
 
 
-def register_shapes(root=None, **params):
-    """Generate (once, cached) and register ``shapes_train`` / ``shapes_val``; returns their paths."""
-    from winpos.data.coco import register_shapes as _register
+def register_shapes(root=None, **params) -> dict:
+    """Generate (once, cached) and register the embedded shapes dataset as ``shapes_train`` / ``shapes_val``.
 
-    return _register(root, **params)
+    ``root`` and ``params`` go to ``winpos.data.ensure_shapes_dataset``; the generator's output is validated with
+    ``on_error="raise"``. Returns ``{name: (json_path, image_root)}``.
+    """
+    from winpos.data.shapes import ensure_shapes_dataset
+
+    paths = ensure_shapes_dataset(root, **params)
+    for name, (json_path, image_root) in paths.items():
+        register_coco(name, json_path, image_root, on_error="raise")
+    return paths
 
 
 def register_shapes_one_class(root=None, **params):
@@ -54,24 +90,13 @@ def register_shapes_one_class(root=None, **params):
 
     Detection without shape classification: what a from-scratch tiny model learns within a CPU test budget
     (telling the four outlines apart takes far longer). The one-class json is written once next to the
-    four-class one. Returns ``{name: (json_path, image_root)}``.
+    four-class one (``winpos.data.one_class_json``). Returns ``{name: (json_path, image_root)}``.
     """
-    import json
-    import os
-
-    from winpos.data.shapes import ensure_shapes_dataset
+    from winpos.data.shapes import ensure_shapes_dataset, one_class_json
 
     out = {}
     for name, (json_path, image_root) in ensure_shapes_dataset(root, **params).items():
-        one = json_path.with_name(json_path.stem + "_one_class.json")
-        if not one.is_file():
-            data = json.loads(json_path.read_text())
-            data["categories"] = [{"id": 1, "name": "shape", "supercategory": "shape"}]
-            for ann in data["annotations"]:
-                ann["category_id"] = 1
-            tmp = one.with_name(f"{one.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(data, separators=(",", ":")))
-            os.replace(tmp, one)
+        one = one_class_json(json_path)
         new_name = name.replace("shapes_", "shapes1_")
         register_coco(new_name, one, image_root, on_error="raise")
         out[new_name] = (one, image_root)

@@ -26,7 +26,7 @@ from detectron2.config import instantiate
 from detectron2.engine import create_ddp_model, default_argument_parser, hooks, launch
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
-from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
+from detectron2.utils.events import CommonMetricPrinter, EventStorage, JSONWriter, TensorboardXWriter
 from omegaconf import OmegaConf
 
 from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpoint
@@ -38,9 +38,9 @@ from winpos.outputs import atomic_write
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",
            "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
-           "main", "launch_main", "trim_metrics", "register_cli_datasets"]
+           "main", "launch_main", "trim_metrics", "register_cli_datasets", "build_optimizer", "EventStorage"]
 
-logger = logging.getLogger("winpos")
+logger = logging.getLogger(__name__)
 
 
 def build_parser(epilog: str | None = None):
@@ -249,12 +249,18 @@ class ResumableWriter(hooks.PeriodicWriter):
                          TensorboardXWriter(self._output_dir, **tb)]
 
 
+def build_optimizer(cfg, model):
+    """``cfg.optimizer`` instantiated for ``model``. The model goes into a copy of the node, so ``cfg`` stays plain
+    data (``config.yaml`` does not pickle the model)."""
+    opt_cfg = copy.deepcopy(cfg.optimizer)
+    opt_cfg.params.model = model
+    return instantiate(opt_cfg)
+
+
 def do_train(cfg, resume: bool = False) -> dict:
     """Train ``cfg.model`` as configured; returns the last evaluation results (or {})."""
     model = build_model(cfg)
-    opt_cfg = copy.deepcopy(cfg.optimizer)  # the model goes into a copy: cfg stays plain data for config.yaml
-    opt_cfg.params.model = model
-    optimizer = instantiate(opt_cfg)
+    optimizer = build_optimizer(cfg, model)
     model = _ddp(model, cfg)
     amp = cfg.train.get("amp", {})
     trainer = WinposTrainer(model, None, optimizer, amp=amp.get("enabled", False),

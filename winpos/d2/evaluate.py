@@ -21,7 +21,7 @@ from winpos.outputs import atomic_write, check_output_dir
 __all__ = ["build_coco_evaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
            "measure_fps"]
 
-logger = logging.getLogger("winpos")
+logger = logging.getLogger(__name__)
 
 
 def build_coco_evaluator(dataset_name, tasks=None, output_dir=None, use_fast_impl: bool = False,

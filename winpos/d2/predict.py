@@ -29,7 +29,7 @@ from winpos.outputs import atomic_write, check_output_dir
 __all__ = ["IMAGE_EXTS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
            "predict_images"]
 
-logger = logging.getLogger("winpos")
+logger = logging.getLogger(__name__)
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
 
 

@@ -1,8 +1,11 @@
-"""Datasets: the embedded shapes set (no detectron2 needed) and checked COCO registration (detectron2, lazily)."""
-from .coco import DatasetFileNotFoundError, ValidationReport, register_coco_dataset, register_shapes, validate_coco_json
-from .shapes import SHAPE_CLASSES, Shape, compose_scene, ensure_shapes_dataset, generate_shapes, mask_to_polygons
+"""Datasets without detectron2: the embedded shapes set and COCO json validation (``winpos.d2.data`` registers both
+with detectron2)."""
+from .coco import DatasetFileNotFoundError, ValidationReport, cleaned_json_file, validate_coco_json
+from .shapes import (SHAPE_CLASSES, Shape, cache_root, compose_scene, ensure_shapes_dataset, generate_shapes,
+                     mask_to_polygons, one_class_json)
 
 __all__ = [
     "SHAPE_CLASSES", "Shape", "compose_scene", "generate_shapes", "ensure_shapes_dataset", "mask_to_polygons",
-    "validate_coco_json", "register_coco_dataset", "register_shapes", "ValidationReport", "DatasetFileNotFoundError",
+    "one_class_json", "cache_root", "validate_coco_json", "cleaned_json_file", "ValidationReport",
+    "DatasetFileNotFoundError",
 ]

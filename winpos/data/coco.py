@@ -2,26 +2,25 @@
 
 A bad annotation (an empty polygon, a zero-size box, an unknown category) does not fail when a dataset is
 registered: it crashes a dataloader worker hours later, or pycocotools during evaluation. ``validate_coco_json``
-finds every such entry up front; ``register_coco_dataset`` then registers only the clean records, so the
-training loader and the COCO evaluator see the same, valid ground truth. detectron2 is imported lazily, inside
-the functions that register.
+finds every such entry up front; ``winpos.d2.data.register_coco`` then registers only the clean records, so the
+training loader and the COCO evaluator see the same, valid ground truth (``cleaned_json_file``). No detectron2
+here: ``winpos.d2.data.register_coco`` does the registration.
 """
 from __future__ import annotations
 
-import copy
-import functools
 import hashlib
 import json
 import logging
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from PIL import Image
 
-logger = logging.getLogger("winpos")
+from .shapes import cache_root
+
+logger = logging.getLogger(__name__)
 
 _EXIF_ORIENTATION = 0x0112
 _TRANSPOSING_ORIENTATIONS = (5, 6, 7, 8)  # detectron2's read_image applies these, swapping height and width
@@ -223,60 +222,21 @@ def validate_coco_json(json_path, image_root, on_error: str = "raise", check_ima
     return report
 
 
-def _cache_root() -> Path:
-    return Path(os.environ.get("WINPOS_DATA") or Path.home() / ".cache" / "winpos")
+def cleaned_json_file(report: ValidationReport, name: str, json_path, cache_dir=None) -> Path:
+    """The json a loader and the COCO evaluator should read for ``report`` (``validate_coco_json``'s outcome).
 
-
-def register_coco_dataset(name: str, json_path, image_root, on_error: str = "skip", metadata: dict | None = None,
-                          check_images: bool = True, cache_dir=None) -> ValidationReport:
-    """Validate a COCO json, then register ``name`` in detectron2's DatasetCatalog and MetadataCatalog.
-
-    Like ``detectron2.data.datasets.register_coco_instances`` but from the cleaned records: when entries were
-    skipped, the cleaned json is written to ``<cache_dir>/cleaned/<name>-<hash>.json`` (``cache_dir`` defaults
-    to $WINPOS_DATA or ~/.cache/winpos) and both the loader and the evaluator (metadata ``json_file``) read
-    it; ``source_json_file`` keeps the original path. Registering a name again replaces it.
-    Metadata: thing_classes (by category id), thing_dataset_id_to_contiguous_id, json_file, image_root,
-    evaluator_type="coco", plus ``metadata``. Returns the validation report.
+    ``json_path`` itself when nothing was skipped; otherwise the cleaned json, written once (atomically) to
+    ``<cache_dir>/cleaned/<name>-<hash>.json``, ``cache_dir`` defaulting to $WINPOS_DATA or ~/.cache/winpos.
+    ``winpos.d2.data.register_coco`` registers a dataset from it.
     """
-    from detectron2.data import DatasetCatalog, MetadataCatalog
-    from detectron2.data.datasets import load_coco_json
+    from winpos.outputs import atomic_write
 
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"dataset name must be a non-empty string, got {name!r}")
-    report = validate_coco_json(json_path, image_root, on_error=on_error, check_images=check_images)
-    json_file = Path(json_path)
-    if not report.ok:
-        text = json.dumps(report.dataset, separators=(",", ":"))
-        digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-        json_file = Path(cache_dir or _cache_root()) / "cleaned" / f"{name}-{digest}.json"
-        if not json_file.is_file():
-            json_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = json_file.with_name(f"{json_file.name}.{os.getpid()}.tmp")
-            tmp.write_text(text)
-            os.replace(tmp, json_file)
-    if name in DatasetCatalog.list():
-        DatasetCatalog.remove(name)
-    if name in MetadataCatalog.list():
-        MetadataCatalog.remove(name)
-    DatasetCatalog.register(name, functools.partial(load_coco_json, str(json_file), str(image_root), name))
-    cats = sorted(report.dataset["categories"], key=lambda c: c["id"])
-    MetadataCatalog.get(name).set(
-        thing_classes=[c["name"] for c in cats],
-        thing_dataset_id_to_contiguous_id={c["id"]: i for i, c in enumerate(cats)},
-        json_file=str(json_file), image_root=str(image_root), evaluator_type="coco",
-        source_json_file=str(json_path), **copy.deepcopy(metadata or {}))
-    return report
-
-
-def register_shapes(root=None, **params) -> dict[str, tuple[Path, Path]]:
-    """Generate (once) and register the embedded shapes dataset as ``shapes_train`` and ``shapes_val``.
-
-    ``root`` and ``params`` go to ``winpos.data.shapes.ensure_shapes_dataset``. Returns its
-    ``{name: (json_path, image_root)}``. The generator's output is validated with ``on_error="raise"``.
-    """
-    from .shapes import ensure_shapes_dataset
-
-    paths = ensure_shapes_dataset(root, **params)
-    for name, (json_path, image_root) in paths.items():
-        register_coco_dataset(name, json_path, image_root, on_error="raise")
-    return paths
+    if report.ok:
+        return Path(json_path)
+    text = json.dumps(report.dataset, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    json_file = Path(cache_dir or cache_root()) / "cleaned" / f"{name}-{digest}.json"
+    if not json_file.is_file():
+        json_file.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(str(json_file), lambda f: f.write(text), "w")
+    return json_file

@@ -329,8 +329,25 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
     return json_path
 
 
-def _default_cache_root() -> Path:
+def cache_root() -> Path:
+    """Where generated datasets and cleaned COCO jsons go: ``$WINPOS_DATA``, else ``~/.cache/winpos``."""
     return Path(os.environ.get("WINPOS_DATA") or Path.home() / ".cache" / "winpos")
+
+
+def one_class_json(json_path: str | Path) -> Path:
+    """The one-class view of a shapes json (every object in class 1, "shape"), written once next to it
+    (``<stem>_one_class.json``, atomically); returns its path. Detection without shape classification."""
+    from winpos.outputs import atomic_write
+
+    json_path = Path(json_path)
+    one = json_path.with_name(json_path.stem + "_one_class.json")
+    if not one.is_file():
+        data = json.loads(json_path.read_text())
+        data["categories"] = [{"id": 1, "name": "shape", "supercategory": "shape"}]
+        for ann in data["annotations"]:
+            ann["category_id"] = 1
+        atomic_write(str(one), lambda f: f.write(json.dumps(data, separators=(",", ":"))), "w")
+    return one
 
 
 def _remove_stale_temps(parent: Path, digest: str) -> None:
@@ -362,7 +379,7 @@ def ensure_shapes_dataset(root: str | Path | None = None, train_images: int = 60
     if object_side is not None:  # only when set, so the default datasets keep their cache key
         params["object_side"] = object_side
     digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    parent = Path(root) if root is not None else _default_cache_root()
+    parent = Path(root) if root is not None else cache_root()
     parent = parent / "shapes_v1"
     final = parent / digest
     if not (final / _MANIFEST).is_file():

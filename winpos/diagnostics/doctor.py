@@ -5,9 +5,10 @@ even ViT-H costs nothing) and reports, for the requested image size, whether the
 resized while blocks attend in windows whose period no longer matches the embedding's, which blocks are affected,
 and the fix.
 
-A config target is loaded with winpos's strict override loader (``winpos.d2.config``): an override that names no
-key, or gives a value of the wrong type, is an error, never silently ignored. Every bad input raises a
-``WinposError`` naming it and the fix.
+This module needs no detectron2: it checks a built backbone or a preset. ``winpos.d2.doctor.diagnose`` adds
+LazyConfig targets, loaded with winpos's strict override loader (an override that names no key, or gives a value
+of the wrong type, is an error, never silently ignored). Every bad input raises a ``WinposError`` naming it and
+the fix.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from winpos.errors import MissingInputError, WinposError, as_hw
+from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
 
@@ -90,29 +91,8 @@ def diagnose_backbone(net, image_size: int, name: str = "model") -> DoctorReport
     return report
 
 
-def _build_from_config(path: str, overrides=()):
-    """Return (winpos backbone on the meta device, default image size) from a LazyConfig file."""
-    from winpos.backbones import create
-    from winpos.d2.config import load_config
-
-    cfg = load_config(path, list(overrides))
-    node = cfg.get("model", {}).get("backbone") if hasattr(cfg.get("model", None), "get") else None
-    for attr in ("net", "bottom_up"):
-        if node is not None and attr in node and hasattr(node[attr], "get") and node[attr].get("recipe") is not None:
-            node = node[attr]
-            break
-    else:
-        raise WinposError(f"{path}: no winpos backbone node (model.backbone.net or model.backbone.bottom_up with "
-                          "net= and recipe=) was found; the doctor checks winpos model configs such as "
-                          "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py")
-    kwargs = {k: v for k, v in node.items() if k not in ("_target_", "net", "recipe", "out_feature", "out_features",
-                                                         "norm")}
-    with torch.device("meta"):
-        net = _create(create, node["net"], node["recipe"], kwargs, f"{path}")
-    return net, max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"{path} ({node['net']}, recipe {node['recipe']})"
-
-
-def _create(create, preset, recipe, kwargs, where):
+def build_checked(create, preset, recipe, kwargs, where):
+    """``create(preset, recipe=recipe, **kwargs)``; an argument the backbone does not take is a WinposError."""
     try:
         return create(preset, recipe=recipe, **kwargs)
     except TypeError as e:  # an argument the backbone does not take
@@ -133,36 +113,37 @@ def _parse_value(text: str):
     return value
 
 
-def diagnose(target: str, image_size: int | None = None, recipe: str = "original", overrides=()) -> DoctorReport:
-    """``target``: a LazyConfig ``.py`` file or a preset name; ``overrides``: ``key=value`` strings (config keys for a
-    config, constructor arguments for a preset). ``image_size`` None means the model's own size."""
+def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "original",
+                    overrides=()) -> DoctorReport:
+    """Check backbone preset ``preset`` (``winpos.backbones.create``) built with ``recipe`` and ``overrides``
+    (``key=value`` constructor arguments) at ``image_size`` (None: the model's own size). A LazyConfig target
+    goes through ``winpos.d2.doctor.diagnose``, which loads the config with detectron2."""
     import os
 
+    from winpos.backbones import create
+    from winpos.backbones.registry import PRESETS, _import_models
+
+    check_image_size(image_size)
+    _import_models()
+    if preset not in PRESETS and (os.path.exists(preset) or os.sep in preset or "." in preset):
+        raise WinposError(f"{preset!r} is neither a LazyConfig .py file nor a backbone preset; pass a config "
+                          f"such as configs/COCO/mask_rcnn_vitdet_b_100ep_original.py or a preset "
+                          f"({', '.join(sorted(PRESETS))})")
+    kwargs = {}
+    for item in overrides:
+        if "=" not in item or not item.split("=", 1)[0]:
+            raise WinposError(f"override {item!r} must look like key=value, e.g. img_size=448")
+        k, v = item.split("=", 1)
+        kwargs[k] = _parse_value(v)
+    with torch.device("meta"):
+        net = build_checked(create, preset, recipe, kwargs, f"preset {preset}")
+    default_size = max(as_hw(kwargs.get("img_size", 1024), "img_size"))
+    return diagnose_backbone(net, image_size or default_size, f"preset {preset} (recipe {recipe})")
+
+
+def check_image_size(image_size) -> None:
+    """``image_size`` must be None (the model's own size) or a positive int."""
     if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or
                                    image_size <= 0):
         raise WinposError(f"--image-size {image_size!r} must be a positive number of pixels, e.g. 1024 (leave it out "
                           "for the model's own size)")
-    if target.endswith(".py"):
-        if not os.path.isfile(target):
-            raise MissingInputError(f"config {target} does not exist; pass a LazyConfig file such as "
-                                    "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py, or a preset name")
-        net, default_size, name = _build_from_config(target, overrides)
-    else:
-        from winpos.backbones import create
-        from winpos.backbones.registry import PRESETS, _import_models
-
-        _import_models()
-        if target not in PRESETS and (os.path.exists(target) or os.sep in target or "." in target):
-            raise WinposError(f"{target!r} is neither a LazyConfig .py file nor a backbone preset; pass a config "
-                              f"such as configs/COCO/mask_rcnn_vitdet_b_100ep_original.py or a preset "
-                              f"({', '.join(sorted(PRESETS))})")
-        kwargs = {}
-        for item in overrides:
-            if "=" not in item or not item.split("=", 1)[0]:
-                raise WinposError(f"override {item!r} must look like key=value, e.g. img_size=448")
-            k, v = item.split("=", 1)
-            kwargs[k] = _parse_value(v)
-        with torch.device("meta"):
-            net = _create(create, target, recipe, kwargs, f"preset {target}")
-        default_size, name = max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"preset {target} (recipe {recipe})"
-    return diagnose_backbone(net, image_size or default_size, name)

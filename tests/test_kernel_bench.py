@@ -1,4 +1,4 @@
-"""``python -m winpos.kernels.bench``: the dry run works end to end on CPU (tiny shapes, Triton interpreter) and
+"""``python -m winpos.bench.kernels``: the dry run works end to end on CPU (tiny shapes, Triton interpreter) and
 writes a complete JSON; without a GPU the real benchmark refuses with a message instead of timing the CPU."""
 import json
 import os
@@ -8,15 +8,15 @@ from pathlib import Path
 
 import torch
 
-from winpos.kernels import bench
+from winpos.bench import kernels as bench
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_dry_run_writes_every_row(tmp_path):
     out = tmp_path / "bench.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the bench sets it itself
-    proc = subprocess.run([sys.executable, "-m", "winpos.kernels.bench", "--dry-run", "--json", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "winpos.bench.kernels", "--dry-run", "--json", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
