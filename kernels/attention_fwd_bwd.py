@@ -269,4 +269,4 @@ def attention_flops(plan: Plan, batch: int, heads: int, head_dim: int, backward:
 
 
 __all__ = ["Plan", "WindowAttentionFunction", "attention_flops", "default_blocks", "window_attention_bwd",
-           "window_attention_fwd", "math"]
+           "window_attention_fwd"]

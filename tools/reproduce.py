@@ -17,7 +17,7 @@ winpos.d2.reproduce.
 import sys
 from pathlib import Path
 
-from winpos.errors import ArgumentParser, nonnegative_int, number_list, positive_int, run_cli, seed_list
+from winpos.errors import ArgumentParser, finite_float, nonnegative_int, number_list, positive_int, run_cli, seed_list
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shapes" / "reproduce_hieradet.py"
 
@@ -38,6 +38,9 @@ def main(argv=None):
     p.add_argument("--conditions", type=_names, default=CONDITIONS, help="canvas and/or upscaled")
     p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
     p.add_argument("--pretrain-iters", type=positive_int, default=1500)
+    p.add_argument("--pretrain-lr", type=finite_float, default=1e-3, help="stage-1 learning rate (AdamW)")
+    p.add_argument("--pretrain-init", default=None,
+                   help="continue stage 1 from this detector checkpoint (rows of one pretrained encoding)")
     p.add_argument("--finetune-iters", type=positive_int, default=150)
     p.add_argument("--mim-iters", type=nonnegative_int, default=0,
                    help="optional masked-token pretraining before stage-1 detection (iterations at batch 32)")
@@ -57,7 +60,8 @@ def main(argv=None):
     proto = Protocol(config=args.config, output_dir=args.output, rows=args.rows, multipliers=tuple(args.multipliers),
                      conditions=args.conditions, seeds=tuple(args.seeds), pretrain_iters=args.pretrain_iters,
                      finetune_iters=args.finetune_iters, mim_iters=args.mim_iters, zero_shot=not args.no_zero_shot,
-                     workers=args.workers, stage1_dir=args.stage1_dir)
+                     workers=args.workers, stage1_dir=args.stage1_dir, pretrain_lr=args.pretrain_lr,
+                     pretrain_init=args.pretrain_init)
     export = None
     if args.export_stage1:
         enc, sep, path = args.export_stage1.partition(":")

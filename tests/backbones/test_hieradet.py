@@ -137,7 +137,8 @@ def test_pad_mode_mask_changes_only_padded_grids():
 
 
 # ------------------------------------------------------------------------------------ schedule and presets
-# sam2/configs/sam2.1/*.yaml (abswin.md §2.2); embed dims shrunk, the schedule does not depend on them.
+# sam2's configs/sam2.1/sam2.1_hiera_{t,s,b+,l}.yaml: stages and global blocks; embed dims shrunk, the schedule
+# does not depend on them.
 SAM2_CONFIGS = {
     "hieradet_t": dict(stages=(1, 2, 7, 2), global_att_blocks=(5, 7, 9)),
     "hieradet_s": dict(stages=(1, 2, 11, 2), global_att_blocks=(7, 10, 13)),
@@ -195,7 +196,8 @@ def test_hieradet_t_forward_224(recipe):
 
 
 def test_block_schedule_lag_rule_hiera_t():
-    """abswin.md §3.2's worked example (Hiera-T at 1024)."""
+    """Hiera-T at 1024 px, worked by hand: a block attends in its stage's window, except the first block of stages
+    2-4 (the pooling block), which keeps the previous stage's window (the "lag"); global blocks 5, 7, 9."""
     specs = block_schedule(96, 1, (1, 2, 7, 2), (8, 4, 14, 7), (5, 7, 9))
     assert [s.window for s in specs] == [8, 8, 4, 4, 14, 0, 14, 0, 14, 0, 14, 7]
     assert [s.q_stride for s in specs] == [1, 2, 1, 2, 1, 1, 1, 1, 1, 1, 2, 1]

@@ -12,7 +12,7 @@ from winpos.posemb.abswin import tile_to_grid
 from winpos.posemb.interp import resize_grid
 
 
-# Official Hiera's attention layout: mask units (8x8, then 4x4) in stages 1-2, global in 3-4 (abswin.md §1.2).
+# Official Hiera's attention layout: mask units (8x8, then 4x4) in stages 1-2, global in 3-4 (Ryali et al. 2023, Hiera).
 HIERA_LAYOUT = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), window_spec=(8, 4, 0, 0), global_att_blocks=())
 
 

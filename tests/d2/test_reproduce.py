@@ -1,6 +1,7 @@
 """The bug-reproduction protocol (winpos.d2.reproduce, tools/reproduce.py): geometry and data checks, the exact
 abs -> abs-win conversion (it must keep a window-periodic embedding periodic at a larger grid, where naive
 interpolation destroys it), the shipped-checkpoint manifest, one real run end to end, and the CLI's bad inputs."""
+import hashlib
 import json
 import subprocess
 import sys
@@ -54,6 +55,9 @@ def test_canvas_keeps_object_sizes_and_density_upscaled_keeps_the_images():
     (dict(seeds=()), "no seeds given"),
     (dict(finetune_iters=0), "finetune_iters=0 must be a positive int"),
     (dict(config="nope.py"), "config 'nope.py' does not exist"),
+    (dict(pretrain_lr=0), "pretrain_lr=0 must be a learning rate"),
+    (dict(pretrain_init="gone.pth", rows=("abs_periodic",)), "--pretrain-init 'gone.pth' does not exist"),
+    (dict(pretrain_init=CONFIG, rows=("abs", "abswin")), "rows of one pretrained encoding"),
 ])
 def test_protocol_refuses_bad_settings_before_writing(kwargs, message, tmp_path):
     p = R.Protocol(**{"config": CONFIG, "output_dir": str(tmp_path / "out"), **kwargs})
@@ -254,6 +258,8 @@ def _refused(tool, args, tmp_path):
     (["--seeds", "a"], "--seeds: expected comma-separated integer seeds"),
     (["--finetune-iters", "0"], "--finetune-iters"),
     (["--export-stage1", "abs"], "must be ENCODING:PATH"),
+    (["--pretrain-init", "gone.pth", "--rows", "abs_periodic"], "--pretrain-init 'gone.pth' does not exist"),
+    (["--pretrain-lr", "0", "--rows", "abs"], "pretrain_lr=0.0 must be a learning rate"),
 ])
 def test_reproduce_cli_bad_input_is_one_line_and_writes_nothing(args, message, tmp_path):
     lines = _refused("reproduce.py", args, tmp_path)
@@ -316,6 +322,25 @@ def test_masked_token_pretraining_writes_a_detector_it_trained(tmp_path):
     assert not torch.equal(trained["backbone.bottom_up.net.pos_embed.pos_embed"],
                            fresh["backbone.bottom_up.net.pos_embed.pos_embed"])
     assert sum(not torch.equal(trained[k], fresh[k]) for k in trunk) > len(trunk) // 2
+
+
+def test_a_continued_stage1_starts_from_its_init_and_records_it(tmp_path):
+    first = tmp_path / "first.pth"
+    R.periodic_start(_spec(tmp_path, "abs_periodic"), str(first))
+    first.with_suffix(".json").write_text(json.dumps({"iterations": 8000, "command": "python tools/reproduce.py A"}))
+    p = R.Protocol(config=CONFIG, output_dir=str(tmp_path / "o"), rows=("abs_periodic", "abs_periodic2win"),
+                   pretrain_iters=4000, pretrain_lr=5e-4, pretrain_init=str(first), mim_iters=100)
+    p.validate()
+    spec = R.stage1_spec(p, "abs_periodic")
+    assert spec["init"] == str(first) and spec["mim_iters"] == 0 and spec["lr"] == 5e-4  # no periodic/masked start
+    out = Path(spec["out"])
+    out.mkdir(parents=True)
+    (out / "model_final.pth").write_bytes(first.read_bytes())
+    info = R.export_stage1(p, "abs_periodic", str(tmp_path / "ship.pth"), "python tools/reproduce.py B")
+    assert info["iterations"] == 4000 and info["iterations_total"] == 12000
+    before = info["continued_from"]
+    assert before["file"] == "first.pth" and before["manifest"]["command"] == "python tools/reproduce.py A"
+    assert before["sha256"] == hashlib.sha256(first.read_bytes()).hexdigest()
 
 
 def test_the_shipped_checkpoint_matches_its_manifest():

@@ -115,7 +115,7 @@ def test_mae_drops_cls_and_tiles_as_abswin():
     assert (info.family, info.window, info.stride, info.image_hw) == ("mae", 14, 16, (224, 224))
     torch.testing.assert_close(info.grid, grid, rtol=0, atol=0)  # the cls row (all 7) is gone
     assert "cls row dropped" in info.notes[0]
-    tiled = info.abswin_at((64, 64))  # §2.4: window part = the pretrained grid, global part = 0
+    tiled = info.abswin_at((64, 64))  # abs-win from a window-sized grid: window part = that grid, global part = 0
     assert window_similarity(tiled, 14) == pytest.approx(1.0)
     torch.testing.assert_close(tiled[:, 14:28, 28:42], grid, rtol=0, atol=1e-6)
 

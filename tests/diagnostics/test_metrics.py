@@ -1,6 +1,6 @@
-"""Window-similarity metrics against brute-force loops written here, and the synthetic values of abswin.md §6.
+"""Window-similarity metrics against brute-force loops written here, and a table of synthetic values.
 
-The §6 rows come from an independent numpy re-implementation of PyTorch's bicubic (a=-0.75, align_corners=False)
+The synthetic rows (``test_periodic_*`` below) come from an independent numpy re-implementation of PyTorch's bicubic (a=-0.75, align_corners=False)
 with random Gaussian maps of C=64; the random rows are averaged over 8 seeds here so that the ±0.02 tolerance
 tests the definition, not one draw (one draw of C=64 varies by about ±0.007).
 """
@@ -113,7 +113,7 @@ def test_perfectly_periodic_has_ws_one_and_peaks_at_its_period(C, w, reps, extra
 @settings(max_examples=20, deadline=None)
 @given(st.integers(2, 6), st.integers(2, 5), st.integers(2, 4), st.integers(0, 10**6))
 def test_energy_ratio_identity_for_equal_norm_tiles(C, w, reps, seed):
-    # abswin.md §6: WS_centred = (n R_w - 1) / (n - 1) exactly when all (centred) tiles have equal norm.
+    # WS_centred = (n R_w - 1) / (n - 1) exactly when all (centred) tiles have equal norm.
     # Tiles with zero per-channel mean leave centring a no-op; normalizing them equalizes the norms.
     g = torch.Generator().manual_seed(seed)
     tiles = torch.randn(reps, reps, C, w, w, generator=g, dtype=torch.float64)
@@ -125,7 +125,7 @@ def test_energy_ratio_identity_for_equal_norm_tiles(C, w, reps, seed):
     assert ws_c == pytest.approx((n * periodic_energy_ratio(E, w) - 1) / (n - 1), abs=1e-9)
 
 
-# ---- abswin.md §6 synthetic table ---------------------------------------------------------------------------------
+# ---- synthetic table ---------------------------------------------------------------------------------------------
 
 def _mean_over_seeds(fn, seeds=8):
     return np.mean([fn(torch.Generator().manual_seed(s)) for s in range(seeds)], axis=0)

@@ -235,7 +235,7 @@ SIZES = {
 # authors' layout for ViT-B's 12 heads, different for ViT-L/H's 16 (build with layout="official" for theirs).
 _LOOKHERE_45 = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
 
-# original: detectron2 as shipped; paper: abs-win with relpos kept only in global blocks (Bolya et al. §2.4);
+# original: detectron2 as shipped; paper: abs-win with relpos kept only in global blocks (Bolya et al. 2024);
 # rope: abs-win + axial RoPE everywhere; lookhere: no token embedding, LookHere-45 in every block.
 RECIPES = {
     "original": dict(pos_embed="abs", window_pos="relpos", global_pos="relpos"),

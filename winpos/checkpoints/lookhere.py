@@ -225,5 +225,7 @@ def load_lookhere_checkpoint(path_or_obj, preset: str = "vitdet_b", **overrides)
     model = create(preset, recipe="lookhere", **vitdet_overrides(config), **overrides)
     sd, report = convert_lookhere_checkpoint(obj, model, strict=True)
     result = model.load_state_dict(sd, strict=False)
-    assert not result.unexpected_keys and not result.missing_keys, result
+    if result.unexpected_keys or result.missing_keys:  # convert_lookhere_checkpoint(strict=True) checked both
+        raise RuntimeError(f"LookHere converter and model disagree: unexpected {result.unexpected_keys[:8]}, "
+                           f"missing {result.missing_keys[:8]}")
     return model, report

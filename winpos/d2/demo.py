@@ -105,7 +105,7 @@ def print_summary(summary: dict, output_dir) -> None:
           f"(64 px images upscaled to 128 px, one class, {summary['protocol']['finetune_iters']} iterations) ===")
     man = summary.get("stage1_manifest", {})
     if man.get("box_AP_64px") is not None:
-        print(f"shipped stage-1 detector ({man.get('iterations')} iterations at 64 px): box AP {man['box_AP_64px']:.1f}, "
+        print(f"shipped stage-1 detector ({man.get('iterations_total', man.get('iterations'))} iterations at 64 px): box AP {man['box_AP_64px']:.1f}, "
               f"mask AP {man['mask_AP_64px']:.1f} at 64 px")
     print(f"shipped stage-1 embedding: window similarity WS@4 = {ws['ws']:.2f} at 16x16 tokens; naive interpolation "
           f"to 32x32 leaves {ws['ws_naive_2x']:.2f}, abs-win keeps {ws['ws_abswin_2x']:.2f}")

@@ -19,7 +19,7 @@ from winpos.errors import WinposError
 from winpos.outputs import atomic_write, check_output_dir
 
 __all__ = ["build_coco_evaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
-           "measure_fps"]
+           "plot_sweeps", "measure_fps"]
 
 logger = logging.getLogger(__name__)
 

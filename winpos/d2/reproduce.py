@@ -99,6 +99,7 @@ class Protocol:
     zero_shot: bool = True  # also evaluate every stage-2 start without finetuning, and stage 1 without embedding
     workers: int = 2
     stage1_dir: str | None = None  # where stage-1 checkpoints live (default <output_dir>/stage1)
+    pretrain_init: str | None = None  # stage 1 continues from this detector checkpoint instead of a fresh start
 
     def validate(self) -> None:
         bad = [r for r in self.rows if r not in ROWS]
@@ -117,6 +118,14 @@ class Protocol:
                         ("workers", self.workers)):
             if not isinstance(v, int) or v < 1:
                 raise WinposError(f"{name}={v!r} must be a positive int")
+        if not isinstance(self.pretrain_lr, (int, float)) or not 0 < self.pretrain_lr < 1:
+            raise WinposError(f"pretrain_lr={self.pretrain_lr!r} must be a learning rate in (0, 1), e.g. 1e-3")
+        if self.pretrain_init is not None and not os.path.isfile(self.pretrain_init):
+            raise WinposError(f"--pretrain-init {self.pretrain_init!r} does not exist; pass a stage-1 detector "
+                              "checkpoint (e.g. one written by --export-stage1)")
+        if self.pretrain_init is not None and len({ROWS[r].pretrained for r in self.rows}) != 1:
+            raise WinposError("--pretrain-init continues one stage-1 detector: pass rows of one pretrained encoding "
+                              "(e.g. --rows abs_periodic,abs_periodic2win)")
         if not os.path.isfile(self.config):
             raise WinposError(f"config {self.config!r} does not exist; pass configs/shapes/reproduce_hieradet.py "
                               "from a winpos checkout")
@@ -379,9 +388,12 @@ def window_structure(checkpoint: str) -> dict | None:
 # ------------------------------------------------------------------------------------------------ orchestration
 def stage1_spec(p: Protocol, encoding: str) -> dict:
     root = Path(p.stage1_dir or Path(p.output_dir) / "stage1")
-    return dict(name=f"stage1/{encoding}", config=p.config, encoding=encoding, size=PRETRAIN_SIZE,
+    spec = dict(name=f"stage1/{encoding}", config=p.config, encoding=encoding, size=PRETRAIN_SIZE,
                 shapes=dict(PRETRAIN_SHAPES), iters=p.pretrain_iters, seed=0, lr=p.pretrain_lr,
                 out=str(root / encoding), warmup=50, mim_iters=p.mim_iters)
+    if p.pretrain_init:  # a continuation: starts from that detector (no periodic start, no masked stage)
+        spec.update(init=str(p.pretrain_init), mim_iters=0)
+    return spec
 
 
 def stage2_spec(p: Protocol, row: str, k: int, condition: str, seed: int) -> dict:
@@ -507,6 +519,17 @@ def _write_summary(p: Protocol, stage1: dict, runs: list, missing: list, seconds
     return summary
 
 
+def _file_info(path: str) -> dict:
+    """Name and SHA-256 of a checkpoint, plus the manifest next to it (``<stem>.json``) when there is one."""
+    import hashlib
+
+    info = {"file": Path(path).name, "sha256": hashlib.sha256(Path(path).read_bytes()).hexdigest()}
+    manifest = Path(path).with_suffix(".json")
+    if manifest.is_file():
+        info["manifest"] = json.loads(manifest.read_text())
+    return info
+
+
 def export_stage1(p: Protocol, encoding: str, dst: str, command: str) -> dict:
     """Ship a stage-1 checkpoint: the model weights only, in fp16 (half the size; stage 2 trains in fp32), written
     atomically to ``dst``, with a manifest ``<dst stem>.json`` next to it holding the command that made it, its
@@ -529,7 +552,10 @@ def export_stage1(p: Protocol, encoding: str, dst: str, command: str) -> dict:
     manifest = {"file": Path(dst).name, "sha256": hashlib.sha256(Path(dst).read_bytes()).hexdigest(),
                 "command": command, "encoding": encoding, "seed": spec["seed"], "iterations": spec["iters"],
                 "lr": spec["lr"], "dtype": "float16",
+                "continued_from": _file_info(spec["init"]) if p.pretrain_init else None,
                 "box_AP_64px": ap.get("bbox", {}).get("AP"), "mask_AP_64px": ap.get("segm", {}).get("AP"),
                 "window_structure": window_structure(dst)}
+    before = (manifest["continued_from"] or {}).get("manifest", {})
+    manifest["iterations_total"] = spec["iters"] + before.get("iterations_total", before.get("iterations", 0))
     atomic_write(str(Path(dst).with_suffix(".json")), lambda f: json.dump(manifest, f, indent=1), "w")
     return manifest

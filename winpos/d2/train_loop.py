@@ -44,7 +44,9 @@ class WinposTrainer(SimpleTrainer):
             self.grad_scaler = grad_scaler or torch.amp.GradScaler(self.device_type)
 
     def run_step(self):
-        assert self.model.training, "[WinposTrainer] model was changed to eval mode!"
+        if not self.model.training:
+            raise RuntimeError("WinposTrainer: the model was switched to eval mode during training; call "
+                               "model.train() after evaluating inside a hook")
         start = time.perf_counter()
         data = next(self._data_loader_iter)
         data_time = time.perf_counter() - start

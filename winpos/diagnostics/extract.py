@@ -43,7 +43,6 @@ FAMILIES: dict[str, FamilySpec] = {
     # winpos's own checkpoints: key layout provisional until the winpos backbones settle; see _WINPOS_KEYS.
     "winpos": FamilySpec(8, 4, False, True, "winpos backbone (pos_embed.global_embed + pos_embed.window_embed)"),
 }
-ABSWIN_FAMILIES = ("timm_hiera_abswin", "sam2", "winpos")
 _NATIVE_PX = {"sam2": 1024, "winpos": 1024}  # SAM2 trains every size at 1024 px; winpos targets detection
 
 # Hook for winpos's own layout: the last key components of (global, window) or of a plain embedding.

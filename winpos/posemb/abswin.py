@@ -21,11 +21,6 @@ from winpos.errors import as_hw, check_choice, check_finite
 from winpos.posemb.interp import resize_grid
 
 
-def _compiling() -> bool:
-    """Under torch.compile the embedding is traced into the graph; a Python-side cache would only break it."""
-    return torch.compiler.is_compiling()
-
-
 def tile_to_grid(window_embed: torch.Tensor, hw) -> torch.Tensor:
     """Tile an NCHW ``(1, C, wh, ww)`` embedding from (0, 0) over an ``(H, W)`` grid, with ceil and crop."""
     H, W = as_hw(hw, "token grid")
