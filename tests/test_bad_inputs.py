@@ -19,7 +19,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 CONFIG = ROOT / "configs" / "shapes" / "mask_rcnn_hieradet_tiny_abswin.py"
-VIT_CONFIG = ROOT / "configs" / "COCO" / "mask_rcnn_vitdet_b_100ep_original.py"
+VIT_CONFIG = ROOT / "configs" / "COCO" / "mask_rcnn_vitdet_b_100ep.py"
 
 
 def _env():
@@ -484,7 +484,7 @@ def test_temp_files_of_a_killed_save_are_removed(tmp_path):
 
 
 def test_cli_output_has_no_third_party_deprecation_warnings():
-    res = tool("posemb_viz.py", "doctor", ROOT / "configs" / "COCO" / "mask_rcnn_vitdet_b_100ep_paper.py")
+    res = tool("posemb_viz.py", "doctor", ROOT / "configs" / "COCO" / "mask_rcnn_vitdet_b_100ep.py", "--recipe", "paper")
     assert res.returncode == 0, res.stderr  # a config target: detectron2 is imported
     assert "deprecated" not in res.stderr, res.stderr
 

@@ -33,7 +33,9 @@ def main(argv=None):
     d = sub.add_parser("doctor", help="check a config or preset for the interpolation bug")
     d.add_argument("target", help="a LazyConfig .py file or a backbone preset name")
     d.add_argument("--image-size", type=positive_int, default=None, help="image size in px (default: the model's)")
-    d.add_argument("--recipe", default="original", help="recipe for a preset target")
+    d.add_argument("--recipe", default=None,
+                   help="position-encoding recipe (original, paper, rope, lookhere; default: the config's own, or "
+                        "original for a preset)")
     d.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
     if args.cmd == "plot":

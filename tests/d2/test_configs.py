@@ -1,5 +1,6 @@
 """Every config under configs/ loads, saves to YAML and instantiates (globbed, so a new file cannot be
-forgotten); shapes configs also take a training step; strict overrides reject unknown keys."""
+forgotten), every COCO config with each position-encoding recipe as an override; shapes configs also take a
+training step; strict overrides reject unknown keys."""
 import contextlib
 from pathlib import Path
 
@@ -18,14 +19,23 @@ RECIPES = [p for p in sorted(CONFIGS.rglob("*.py")) if "common" not in p.parts]
 COCO = [p for p in RECIPES if p.parent.name == "COCO"]
 SHAPES = [p for p in RECIPES if p.parent.name == "shapes"]
 ids = lambda paths: [p.stem for p in paths]  # noqa: E731
+POS_RECIPES = ("original", "paper", "rope", "lookhere")
+COCO_WITH_RECIPES = [(p, r) for p in COCO for r in POS_RECIPES]
+
+
+def recipe_key(path) -> str:
+    """The override that picks a COCO config's position-encoding recipe."""
+    return "model.backbone.bottom_up.recipe" if "hieradet" in Path(path).stem else "model.backbone.net.recipe"
 
 
 def test_the_glob_sees_every_family():
-    assert len(COCO) >= 48 and len(SHAPES) >= 10 and len(RECIPES) == len(COCO) + len(SHAPES)
+    assert len(COCO) == 12 and len(SHAPES) >= 10 and len(RECIPES) == len(COCO) + len(SHAPES)
     for fam, sizes in (("vitdet", "blh"), ("hieradet", ["t", "s", "b", "bplus", "l"])):
         for s in sizes:
-            for r in ("original", "paper", "rope", "lookhere"):
-                assert CONFIGS / "COCO" / f"mask_rcnn_{fam}_{s}_100ep_{r}.py" in COCO
+            assert CONFIGS / "COCO" / f"mask_rcnn_{fam}_{s}_100ep.py" in COCO
+    for fam in ("vitdet", "hieradet"):
+        for s in "bl":
+            assert CONFIGS / "COCO" / f"cascade_mask_rcnn_{fam}_{s}_100ep.py" in COCO
 
 
 @contextlib.contextmanager
@@ -52,9 +62,9 @@ def _saved_and_reloaded(cfg, tmp_path):
     return LazyConfig.load(str(path))
 
 
-@pytest.mark.parametrize("path", COCO, ids=ids(COCO))
-def test_coco_config_instantiates(path, tmp_path):
-    cfg = load_config(path)
+@pytest.mark.parametrize("path,recipe", COCO_WITH_RECIPES, ids=[f"{p.stem}-{r}" for p, r in COCO_WITH_RECIPES])
+def test_coco_config_instantiates(path, recipe, tmp_path):
+    cfg = load_config(path, [f"{recipe_key(path)}={recipe}"])
     again = _saved_and_reloaded(cfg, tmp_path)
     assert cfg.dataloader.train.dataset.names == "coco_2017_train"
     assert cfg.dataloader.test.dataset.names == "coco_2017_val"
@@ -68,7 +78,8 @@ def test_coco_config_instantiates(path, tmp_path):
     assert list(shapes) == ["p2", "p3", "p4", "p5", "p6"]
     assert [s.stride for s in shapes.values()] == [4, 8, 16, 32, 64] and {s.channels for s in shapes.values()} == {256}
     assert model.backbone.padding_constraints["square_size"] == 1024
-    recipe = path.stem.rsplit("_", 1)[1]
+    default = load_config(path).model.backbone
+    assert (default.bottom_up if "hieradet" in path.stem else default.net).recipe == "original"  # every default
     adapter = model.backbone.bottom_up if "hieradet" in path.stem else model.backbone.net
     assert adapter.net.pos_embed_kind == {"original": "abswin" if "hieradet" in path.stem else "abs",
                                           "paper": "abswin_recursive" if "hieradet" in path.stem else "abswin",
@@ -83,11 +94,11 @@ def test_coco_config_instantiates(path, tmp_path):
     assert scheduler(0.0) == pytest.approx(0.001) and scheduler(0.999) == pytest.approx(0.01)
 
 
-@pytest.mark.parametrize("path", [CONFIGS / "COCO" / "mask_rcnn_vitdet_b_100ep_original.py",
-                                  CONFIGS / "COCO" / "cascade_mask_rcnn_hieradet_b_100ep_paper.py"],
-                         ids=["vitdet_b", "cascade_hieradet_b"])
-def test_full_size_model_runs_at_a_small_size(path):
-    cfg = load_config(path, ["model.backbone.square_pad=128"])
+@pytest.mark.parametrize("path,recipe", [(CONFIGS / "COCO" / "mask_rcnn_vitdet_b_100ep.py", "original"),
+                                         (CONFIGS / "COCO" / "cascade_mask_rcnn_hieradet_b_100ep.py", "paper")],
+                         ids=["vitdet_b", "cascade_hieradet_b_paper"])
+def test_full_size_model_runs_at_a_small_size(path, recipe):
+    cfg = load_config(path, ["model.backbone.square_pad=128", f"{recipe_key(path)}={recipe}"])
     model = instantiate(cfg.model).eval()
     with torch.no_grad():
         out = model([{"image": torch.randint(0, 255, (3, 128, 96)).float(), "height": 128, "width": 96}])

@@ -13,16 +13,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flags_stock_vitdet_config():
-    r = diagnose(str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py"))
+    r = diagnose(str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep.py"))  # recipe original: detectron2's ViTDet
     assert not r.ok and r.affected_blocks == [0, 1, 3, 4, 6, 7, 9, 10]
     assert "14x14 -> 64x64" in r.text() and "abswin" in r.fix
 
 
-@pytest.mark.parametrize("cfg", ["mask_rcnn_vitdet_b_100ep_paper.py", "mask_rcnn_hieradet_b_100ep_paper.py",
-                                 "mask_rcnn_vitdet_l_100ep_rope.py"])
-def test_passes_paper_recipes(cfg):
-    r = diagnose(str(ROOT / "configs/COCO" / cfg))
-    assert r.ok, r.text()
+@pytest.mark.parametrize("cfg,recipe", [("mask_rcnn_vitdet_b_100ep.py", "paper"),
+                                        ("mask_rcnn_hieradet_b_100ep.py", "paper"),
+                                        ("mask_rcnn_vitdet_l_100ep.py", "rope")])
+def test_passes_paper_recipes(cfg, recipe):
+    r = diagnose(str(ROOT / "configs/COCO" / cfg), recipe=recipe)
+    assert r.ok and f"recipe {recipe}" in r.text(), r.text()
+    key = "model.backbone.net.recipe" if "vitdet" in cfg else "model.backbone.bottom_up.recipe"
+    assert diagnose(str(ROOT / "configs/COCO" / cfg), overrides=[f"{key}={recipe}"]).text() == r.text()
 
 
 def test_flags_stock_hiera_above_224_only():
@@ -35,8 +38,10 @@ def test_cli_exit_codes_and_errors():
     def run(*args):
         return subprocess.run([sys.executable, str(ROOT / "tools/posemb_viz.py"), *args], capture_output=True, text=True)
 
-    assert run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py")).returncode == 1
-    assert run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep_paper.py")).returncode == 0
+    assert run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep.py")).returncode == 1
+    assert run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep.py"), "--recipe", "paper").returncode == 0
+    assert run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep.py"),
+               "model.backbone.net.recipe=paper").returncode == 0
     bad = run("doctor", "vitdet_q")
     assert bad.returncode == 2 and "vitdet_b" in bad.stderr  # unknown preset lists the real ones
 

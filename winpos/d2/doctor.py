@@ -12,21 +12,23 @@ from winpos.diagnostics.doctor import DoctorReport, build_checked, check_image_s
 from winpos.errors import MissingInputError, WinposError, as_hw
 
 
-def diagnose(target: str, image_size: int | None = None, recipe: str = "original", overrides=()) -> DoctorReport:
+def diagnose(target: str, image_size: int | None = None, recipe: str | None = None, overrides=()) -> DoctorReport:
     """``target``: a LazyConfig ``.py`` file or a preset name; ``overrides``: ``key=value`` strings (config keys for a
-    config, constructor arguments for a preset). ``image_size`` None means the model's own size."""
+    config, constructor arguments for a preset). ``image_size`` None means the model's own size; ``recipe`` None
+    means the config's own recipe, or ``"original"`` for a preset."""
     check_image_size(image_size)
     if not target.endswith(".py"):
-        return diagnose_preset(target, image_size, recipe, overrides)
+        return diagnose_preset(target, image_size, recipe or "original", overrides)
     if not os.path.isfile(target):
         raise MissingInputError(f"config {target} does not exist; pass a LazyConfig file such as "
-                                "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py, or a preset name")
-    net, default_size, name = _build_from_config(target, overrides)
+                                "configs/COCO/mask_rcnn_vitdet_b_100ep.py, or a preset name")
+    net, default_size, name = _build_from_config(target, overrides, recipe)
     return diagnose_backbone(net, image_size or default_size, name)
 
 
-def _build_from_config(path: str, overrides=()):
-    """Return (winpos backbone on the meta device, default image size) from a LazyConfig file."""
+def _build_from_config(path: str, overrides=(), recipe: str | None = None):
+    """Return (winpos backbone on the meta device, default image size, name) from a LazyConfig file, with the
+    backbone's recipe replaced by ``recipe`` unless it is None."""
     from winpos.backbones import create
     from winpos.d2.config import load_config
 
@@ -39,7 +41,9 @@ def _build_from_config(path: str, overrides=()):
     else:
         raise WinposError(f"{path}: no winpos backbone node (model.backbone.net or model.backbone.bottom_up with "
                           "net= and recipe=) was found; the doctor checks winpos model configs such as "
-                          "configs/COCO/mask_rcnn_vitdet_b_100ep_original.py")
+                          "configs/COCO/mask_rcnn_vitdet_b_100ep.py")
+    if recipe is not None:
+        node["recipe"] = recipe
     kwargs = {k: v for k, v in node.items() if k not in ("_target_", "net", "recipe", "out_feature", "out_features",
                                                          "norm")}
     with torch.device("meta"):

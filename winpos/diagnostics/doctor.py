@@ -127,7 +127,7 @@ def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "o
     _import_models()
     if preset not in PRESETS and (os.path.exists(preset) or os.sep in preset or "." in preset):
         raise WinposError(f"{preset!r} is neither a LazyConfig .py file nor a backbone preset; pass a config "
-                          f"such as configs/COCO/mask_rcnn_vitdet_b_100ep_original.py or a preset "
+                          f"such as configs/COCO/mask_rcnn_vitdet_b_100ep.py or a preset "
                           f"({', '.join(sorted(PRESETS))})")
     kwargs = {}
     for item in overrides:

@@ -1,5 +1,5 @@
 # Mask R-CNN, ViTDet-H: the ViTDet-B recipe with detectron2's ViTDet-H sizes.
-from .mask_rcnn_vitdet_b_100ep_original import dataloader, lr_multiplier, model, optimizer, train
+from .mask_rcnn_vitdet_b_100ep import dataloader, lr_multiplier, model, optimizer, train
 
 model.backbone.net.net = 'vitdet_h'
 model.backbone.net.drop_path_rate = 0.5

@@ -1,5 +1,5 @@
 # Mask R-CNN, ViTDet-L: the ViTDet-B recipe with detectron2's ViTDet-L sizes.
-from .mask_rcnn_vitdet_b_100ep_original import dataloader, lr_multiplier, model, optimizer, train
+from .mask_rcnn_vitdet_b_100ep import dataloader, lr_multiplier, model, optimizer, train
 
 model.backbone.net.net = 'vitdet_l'
 model.backbone.net.drop_path_rate = 0.4

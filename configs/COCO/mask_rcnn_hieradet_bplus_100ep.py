@@ -1,5 +1,5 @@
 # Mask R-CNN, HieraDet-B+: the HieraDet-B recipe at HieraDet-B+ size.
-from .mask_rcnn_hieradet_b_100ep_original import dataloader, lr_multiplier, model, optimizer, train
+from .mask_rcnn_hieradet_b_100ep import dataloader, lr_multiplier, model, optimizer, train
 
 model.backbone.bottom_up.net = 'hieradet_bplus'
 model.backbone.bottom_up.drop_path_rate = 0.2

@@ -1,5 +1,13 @@
 # Mask R-CNN, HieraDet-B, 100 epochs of COCO with LSJ at 1024 px: HieraDet as the bottom-up of FPN (MViTv2's
-# recipe), the ViTDet data / optimizer / schedule. Recipe "original" = SAM2's abs-win, no block terms.
+# recipe), the ViTDet data / optimizer / schedule.
+#
+# The position-encoding recipe is an override (winpos.backbones.hieradet.RECIPES), the same for every HieraDet config:
+#   model.backbone.bottom_up.recipe=original  SAM2's abs-win embedding, no block terms (the default here)
+#   model.backbone.bottom_up.recipe=paper     the paper's recursive abs-win (its period the pretraining grid),
+#                                             relpos in the global blocks (Bolya et al. 2024)
+#   model.backbone.bottom_up.recipe=rope      abs-win embedding + RoPE in every block
+#   model.backbone.bottom_up.recipe=lookhere  no embedding, LookHere-45 direction masks and distance slopes
+# e.g. tools/train_net.py --config-file configs/COCO/mask_rcnn_hieradet_b_100ep.py model.backbone.bottom_up.recipe=rope
 # drop_path_rate and lr_decay_rate per size are starting points [unverified], not the paper's values.
 from ..common.data.coco_lsj import dataloader
 from ..common.models.mask_rcnn_hieradet import model

@@ -1,5 +1,5 @@
 # Mask R-CNN, HieraDet-T: the HieraDet-B recipe at HieraDet-T size.
-from .mask_rcnn_hieradet_b_100ep_original import dataloader, lr_multiplier, model, optimizer, train
+from .mask_rcnn_hieradet_b_100ep import dataloader, lr_multiplier, model, optimizer, train
 
 model.backbone.bottom_up.net = 'hieradet_t'
 model.backbone.bottom_up.drop_path_rate = 0.1

@@ -1,5 +1,0 @@
-# Cascade Mask R-CNN on top of mask_rcnn_vitdet_b_100ep_paper.py (three box stages, IoU 0.5/0.6/0.7).
-from ..common.models.cascade import to_cascade
-from .mask_rcnn_vitdet_b_100ep_paper import dataloader, lr_multiplier, model, optimizer, train
-
-model = to_cascade(model)

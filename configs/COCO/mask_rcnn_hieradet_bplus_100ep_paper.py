@@ -1,4 +1,0 @@
-# Mask R-CNN HieraDet-B+ with the 'paper' position-encoding recipe (see winpos.backbones RECIPES).
-from .mask_rcnn_hieradet_bplus_100ep_original import dataloader, lr_multiplier, model, optimizer, train
-
-model.backbone.bottom_up.recipe = 'paper'
