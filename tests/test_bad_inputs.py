@@ -18,7 +18,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
-CONFIG = ROOT / "configs" / "shapes" / "mask_rcnn_hieradet_tiny_abswin.py"
+CONFIG = ROOT / "configs" / "shapes" / "mask_rcnn_hieradet_toy_abswin.py"
 VIT_CONFIG = ROOT / "configs" / "COCO" / "mask_rcnn_vitdet_b_100ep.py"
 
 
@@ -70,7 +70,7 @@ def _bytes(folder):
 def _vit(**kw):
     from winpos.backbones import create
 
-    return create("vitdet_tiny", img_size=64, window_size=7, **kw)
+    return create("vitdet_toy", img_size=64, window_size=7, **kw)
 
 
 def _save_vit(path, **kw):
@@ -111,7 +111,7 @@ def test_convert_refuses_output_equal_to_input(tmp_path):
     src = tmp_path / "own.pth"
     _save_vit(src)
     before = src.read_bytes()
-    res = tool("convert_checkpoint.py", "--input", src, "--output", src, "--to", "vitdet_tiny")
+    res = tool("convert_checkpoint.py", "--input", src, "--output", src, "--to", "vitdet_toy")
     assert_one_line_error(res, "--output", "input")
     assert src.read_bytes() == before
 
@@ -120,10 +120,10 @@ def test_convert_refuses_an_existing_output_unless_forced(tmp_path):
     src, out = tmp_path / "own.pth", tmp_path / "out.pth"
     _save_vit(src)
     out.write_bytes(b"my only copy")
-    res = tool("convert_checkpoint.py", "--input", src, "--output", out, "--to", "vitdet_tiny")
+    res = tool("convert_checkpoint.py", "--input", src, "--output", out, "--to", "vitdet_toy")
     assert_one_line_error(res, "already exists", "--force")
     assert out.read_bytes() == b"my only copy"
-    res = tool("convert_checkpoint.py", "--input", src, "--output", out, "--to", "vitdet_tiny", "--img-size", 64,
+    res = tool("convert_checkpoint.py", "--input", src, "--output", out, "--to", "vitdet_toy", "--img-size", 64,
                "--force")
     assert res.returncode == 0, res.stderr
     assert len(torch.load(out, weights_only=True)["model"]) > 50
@@ -140,7 +140,7 @@ def test_convert_on_a_full_disk_keeps_the_previous_file(tmp_path):
     def small_file_limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    res = tool("convert_checkpoint.py", "--input", src, "--output", out, "--to", "vitdet_tiny", "--img-size", 64,
+    res = tool("convert_checkpoint.py", "--input", src, "--output", out, "--to", "vitdet_toy", "--img-size", 64,
                "--force", preexec_fn=small_file_limit)
     assert_one_line_error(res, "could not write", code=1)
     assert out.read_bytes() == previous
@@ -177,7 +177,7 @@ def test_format_winpos_reads_a_whole_winpos_detector_checkpoint(detector, tmp_pa
 
     _, model, ckpt = detector
     out = tmp_path / "trunk.safetensors"
-    res = tool("convert_checkpoint.py", "--input", ckpt, "--output", out, "--to", "hieradet_tiny", "--format",
+    res = tool("convert_checkpoint.py", "--input", ckpt, "--output", out, "--to", "hieradet_toy", "--format",
                "winpos", "--img-size", 256, "--pos-embed", "abswin")
     assert res.returncode == 0, res.stderr[-2000:]
     from safetensors.torch import load_file
@@ -200,7 +200,7 @@ def test_unrecognised_hiera_checkpoint_names_the_real_flag():
 def test_output_with_no_tensor_of_the_target_is_an_error(tmp_path):
     src = tmp_path / "head_only.pth"
     torch.save({"model_state": {"head.weight": torch.ones(3, 3), "norm.weight": torch.ones(3)}}, src)
-    res = tool("convert_checkpoint.py", "--input", src, "--output", tmp_path / "h.pth", "--to", "hieradet_tiny",
+    res = tool("convert_checkpoint.py", "--input", src, "--output", tmp_path / "h.pth", "--to", "hieradet_toy",
                "--format", "hiera")
     assert_one_line_error(res, "none of the checkpoint's 2 tensors", "--format auto")
     assert not (tmp_path / "h.pth").exists()
@@ -220,7 +220,7 @@ def test_own_checkpoints_convert_between_every_pos_embed(family, fmt, src_kind, 
     from winpos.checkpoints import load_external
 
     kw = dict(img_size=64, window_size=7) if family == "vitdet" else dict(img_size=64)
-    preset = "vitdet_tiny" if family == "vitdet" else "hieradet_tiny"
+    preset = "vitdet_toy" if family == "vitdet" else "hieradet_toy"
     src = randomize(create(preset, pos_embed=src_kind, **kw))
     sd, report = load_external({"model": src.state_dict()}, preset, format=fmt, pos_embed=dst_kind, **kw)
     dst = create(preset, pos_embed=dst_kind, **kw)
@@ -247,10 +247,10 @@ def test_nan_weights_are_refused_by_name(tmp_path):
     sd = _vit().state_dict()
     sd["blocks.0.attn.qkv.weight"] = torch.full_like(sd["blocks.0.attn.qkv.weight"], float("nan"))
     with pytest.raises(ValueError, match=r"blocks\.0\.attn\.qkv\.weight"):
-        load_external(sd, "vitdet_tiny", img_size=64, window_size=7)
+        load_external(sd, "vitdet_toy", img_size=64, window_size=7)
     torch.save(sd, tmp_path / "nan.pth")
     res = tool("convert_checkpoint.py", "--input", tmp_path / "nan.pth", "--output", tmp_path / "o.pth", "--to",
-               "vitdet_tiny", "--img-size", 64)
+               "vitdet_toy", "--img-size", 64)
     assert_one_line_error(res, "NaN", "blocks.0.attn.qkv.weight")
     assert not (tmp_path / "o.pth").exists()
 
@@ -310,16 +310,16 @@ def test_img_size_as_a_string_is_refused():
     from winpos.backbones import create
 
     with pytest.raises(ValueError, match="img_size"):
-        create("vitdet_tiny", img_size="64")
+        create("vitdet_toy", img_size="64")
     with pytest.raises(ValueError, match="img_size"):
-        create("hieradet_tiny", img_size=[64, "96"])
-    create("vitdet_tiny", img_size=(64, 96))  # numbers still work
+        create("hieradet_toy", img_size=[64, "96"])
+    create("vitdet_toy", img_size=(64, 96))  # numbers still work
 
 
 def test_convert_refuses_a_misspelled_suffix(tmp_path):
     src = tmp_path / "own.pth"
     _save_vit(src)
-    res = tool("convert_checkpoint.py", "--input", src, "--output", tmp_path / "x.safetensor", "--to", "vitdet_tiny")
+    res = tool("convert_checkpoint.py", "--input", src, "--output", tmp_path / "x.safetensor", "--to", "vitdet_toy")
     assert_one_line_error(res, ".safetensors")
     assert not (tmp_path / "x.safetensor").exists()
 
@@ -406,7 +406,7 @@ def test_get_dataset_dicts_on_an_empty_dataset_is_a_clear_error():
 def test_convert_output_that_is_a_folder_is_refused_before_the_work(tmp_path):
     src = tmp_path / "own.pth"
     _save_vit(src)
-    res = tool("convert_checkpoint.py", "--input", src, "--output", tmp_path, "--to", "vitdet_tiny")
+    res = tool("convert_checkpoint.py", "--input", src, "--output", tmp_path, "--to", "vitdet_toy")
     assert_one_line_error(res, "is a folder")
     assert "matched" not in res.stdout  # refused before the conversion ran
 
@@ -421,7 +421,7 @@ def test_convert_output_that_is_a_folder_is_refused_before_the_work(tmp_path):
     (["--plot", "scaling.txt"], "--plot"),
 ])
 def test_benchmark_scaling_refuses_bad_arguments(args, needle, tmp_path):
-    res = tool("benchmark.py", "scaling", "--preset", "vitdet_tiny", "--sizes", "64,128", "--repeats", "1",
+    res = tool("benchmark.py", "scaling", "--preset", "vitdet_toy", "--sizes", "64,128", "--repeats", "1",
                "--no-memory", *args, cwd=tmp_path, timeout=120)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert needle in res.stderr.strip().splitlines()[-1]

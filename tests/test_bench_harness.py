@@ -167,7 +167,7 @@ def test_posemb_cli(tmp_path):
 
 
 def test_scaling_cli(tmp_path):
-    res, _ = _cli(tmp_path, "scaling", "--preset", "vitdet_tiny", "--sizes", "64,128", "--repeats", "1",
+    res, _ = _cli(tmp_path, "scaling", "--preset", "vitdet_toy", "--sizes", "64,128", "--repeats", "1",
                   "--threads", "1", "--no-memory", "--plot", str(tmp_path / "scaling.png"))
     assert len(res["variants"]) == 5 and set(res["exponent"]) == set(res["variants"])
     for pts in res["variants"].values():

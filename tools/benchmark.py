@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive, default=5)
 
     p = sub.add_parser("scaling", parents=[common, memory], help="time / memory vs input size")
-    p.add_argument("--preset", default="vitdet_b", help="a ViTDet preset (vitdet_tiny, vitdet_b, vitdet_l, ...)")
+    p.add_argument("--preset", default="vitdet_b", help="a ViTDet preset (vitdet_toy, vitdet_b, vitdet_l, ...)")
     p.add_argument("--sizes", type=_sizes, default="256,384,512,512x768,768", help="comma-separated H or HxW in px")
     p.add_argument("--plot", default=None, help="write the plot to this PNG")
     p.add_argument("--repeats", type=_positive, default=2)

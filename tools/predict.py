@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Run a config's model on images or folders and write drawings of its predictions plus predictions.json.
 
-    tools/predict.py --config-file configs/shapes/mask_rcnn_hieradet_tiny_abswin.py \
-        --checkpoint output/shapes/mask_rcnn_hieradet_tiny_abswin/model_final.pth --input img.png folder/ \
+    tools/predict.py --config-file configs/shapes/mask_rcnn_hieradet_toy_abswin.py \
+        --checkpoint output/shapes/mask_rcnn_hieradet_toy_abswin/model_final.pth --input img.png folder/ \
         --output preds/ [--score-thresh 0.5] [--force] [key=value ...]
 
 Weights are required (--checkpoint, or the config's train.init_checkpoint); --random-weights runs the untrained

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train or evaluate a winpos LazyConfig (flags as detectron2's tools/lazyconfig_train_net.py).
 
-    tools/train_net.py --config-file configs/shapes/mask_rcnn_hieradet_tiny_abswin.py
+    tools/train_net.py --config-file configs/shapes/mask_rcnn_hieradet_toy_abswin.py
     tools/train_net.py --config-file CFG --resume                        # continue from output_dir/last_checkpoint
     tools/train_net.py --config-file CFG --eval-only train.init_checkpoint=out/model_final.pth
     tools/train_net.py --config-file CFG --num-gpus 8 dataloader.train.total_batch_size=16

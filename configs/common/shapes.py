@@ -63,11 +63,11 @@ def _tiny(model, net, preset, recipe, geometry, overrides):
 
 
 def tiny_hieradet(model, recipe, **overrides):
-    """The shapes-sized HieraDet detector: ``hieradet_tiny`` at 256 px, windows (8, 4, 8, 4), no drop path, small
+    """The shapes-sized HieraDet detector: ``hieradet_toy`` at 256 px, windows (8, 4, 8, 4), no drop path, small
     heads (``shrink_heads``); ``overrides`` set further backbone fields (position encodings)."""
-    return _tiny(model, model.backbone.bottom_up, "hieradet_tiny", recipe, {"window_spec": (8, 4, 8, 4)}, overrides)
+    return _tiny(model, model.backbone.bottom_up, "hieradet_toy", recipe, {"window_spec": (8, 4, 8, 4)}, overrides)
 
 
 def tiny_vitdet(model, recipe, **overrides):
-    """The shapes-sized ViTDet detector: ``vitdet_tiny`` at 256 px, 8-token windows, no drop path, small heads."""
-    return _tiny(model, model.backbone.net, "vitdet_tiny", recipe, {"window_size": 8}, overrides)
+    """The shapes-sized ViTDet detector: ``vitdet_toy`` at 256 px, 8-token windows, no drop path, small heads."""
+    return _tiny(model, model.backbone.net, "vitdet_toy", recipe, {"window_size": 8}, overrides)

@@ -12,7 +12,7 @@ from ..common.schedule import step_schedule
 PRETRAIN_SIZE = 64
 
 net = model.backbone.bottom_up
-net.net, net.recipe, net.drop_path_rate = "hieradet_tiny", "original", 0.0
+net.net, net.recipe, net.drop_path_rate = "hieradet_toy", "original", 0.0
 net.embed_dim, net.num_heads = 48, 2  # 48 -> 384 channels, 2 -> 16 heads: stronger than the 32-channel toy
 net.window_spec = (4, 2, 4, 2)
 net.img_size = PRETRAIN_SIZE  # per run: the training size (sizes global relpos tables)

@@ -60,3 +60,40 @@ def test_window_block_partitions_first_only_for_the_reference_backend(monkeypatc
     (shape, window), = calls
     assert window == expect_window
     assert shape == ((6, 4, 4, 2, 8) if backend == "reference" else (1, 8, 12, 2, 8))
+
+
+# ------------------------------------------------------------------------------ presets: one builder, both families
+class _Toy:
+    def __init__(self, width=1, pos=None):
+        self.width, self.pos = width, pos
+
+
+def test_build_preset_checks_names_and_overrides_and_copies_the_tables():
+    from winpos.backbones.registry import build_preset
+
+    sizes, recipes = {"toy_s": {"width": 2}}, {"r": {"pos": {"kind": ["rope"]}}}
+    model = build_preset(_Toy, "Toy", sizes, recipes, "toy_s", "r", {"width": 3})
+    assert model.width == 3 and model.pos == {"kind": ["rope"]}
+    model.pos["kind"].append("changed")  # the model's copy, not the table
+    assert recipes["r"]["pos"] == {"kind": ["rope"]} and sizes["toy_s"] == {"width": 2}
+    with pytest.raises(ValueError, match=r"unknown Toy arguments \['depth'\]; valid ones are \['pos', 'width'\]"):
+        build_preset(_Toy, "Toy", sizes, recipes, "toy_s", "r", {"depth": 4})
+    with pytest.raises(ValueError, match="Toy size"):
+        build_preset(_Toy, "Toy", sizes, recipes, "toy_m", "r")
+    with pytest.raises(ValueError, match="Toy recipe"):
+        build_preset(_Toy, "Toy", sizes, recipes, "toy_s", "paper")
+
+
+@pytest.mark.parametrize("family", ["vitdet", "hieradet"])
+def test_both_families_register_every_size_through_the_same_builder(family):
+    import importlib
+
+    from winpos.backbones import create
+    from winpos.backbones.registry import PRESETS, list_presets
+
+    mod = importlib.import_module(f"winpos.backbones.{family}")
+    assert set(mod.SIZES) <= set(list_presets())
+    for size in mod.SIZES:
+        assert PRESETS[size].__name__ == size and PRESETS[size].__module__ == mod.__name__
+    with pytest.raises(ValueError, match="unknown (ViTDet|HieraDet) arguments"):
+        create(f"{family}_toy", no_such_argument=1)

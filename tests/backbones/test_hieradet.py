@@ -16,7 +16,7 @@ from winpos.checkpoints.hiera import load_hiera_checkpoint
 from winpos.posemb import rope
 
 TINY = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,), window_spec=(8, 4, 14, 7))
-SIZES = ("hieradet_tiny", "hieradet_t", "hieradet_s", "hieradet_b", "hieradet_bplus", "hieradet_l", "hieradet_h")
+SIZES = ("hieradet_toy", "hieradet_t", "hieradet_s", "hieradet_b", "hieradet_bplus", "hieradet_l", "hieradet_h")
 
 
 def tiny(**kw):
@@ -206,12 +206,12 @@ def test_block_schedule_lag_rule_hiera_t():
 
 # --------------------------------------------------------------------------------------- block encodings
 def test_paper_recipe_relpos_extents():
-    model = create("hieradet_tiny", "paper", img_size=1024, **TINY)
+    model = create("hieradet_toy", "paper", img_size=1024, **TINY)
     hd = model.blocks[3].attn.head_dim
     assert model.blocks[3].attn.window_size == 0
     assert tuple(model.blocks[3].attn.rel_pos_h.shape) == (2 * 64 - 1, hd)  # stage-3 grid at 1024
     assert not any(hasattr(b.attn, "rel_pos_h") for i, b in enumerate(model.blocks) if i != 3)
-    windowed = create("hieradet_tiny", "paper", window_pos="relpos", **TINY)
+    windowed = create("hieradet_toy", "paper", window_pos="relpos", **TINY)
     assert tuple(windowed.blocks[4].attn.rel_pos_w.shape) == (2 * 14 - 1, windowed.blocks[4].attn.head_dim)
     assert model.pos_embed.mode == "recursive" and model.pos_embed.base_hw == (56, 56)
 
@@ -225,7 +225,7 @@ def test_rope_pooled_blocks_use_pooled_query_grid(monkeypatch):
         return original(self, q_hw, k_hw)
 
     monkeypatch.setattr(rope.RoPE, "tables", spy)
-    model = randomize_(create("hieradet_tiny", "rope", **TINY)).eval()
+    model = randomize_(create("hieradet_toy", "rope", **TINY)).eval()
     with torch.no_grad():
         out = model(torch.randn(1, 3, 256, 256))
     assert all(torch.isfinite(f).all() for f in out)
@@ -234,7 +234,7 @@ def test_rope_pooled_blocks_use_pooled_query_grid(monkeypatch):
 
 
 def test_lookhere_recipe_trains():
-    model = randomize_(create("hieradet_tiny", "lookhere", **TINY))
+    model = randomize_(create("hieradet_toy", "lookhere", **TINY))
     out = model(torch.randn(2, 3, 128, 96))
     sum(f.square().mean() for f in out).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
@@ -254,7 +254,9 @@ def test_bad_inputs_raise_clear_errors():
         create("hieradet_xl")
     assert set(SIZES) <= set(list_presets())
     with pytest.raises(ValueError, match="recipe.*'original'"):
-        create("hieradet_tiny", "sam3")
+        create("hieradet_toy", "sam3")
+    with pytest.raises(ValueError, match="unknown HieraDet arguments.*'windowspec'"):  # was a TypeError
+        create("hieradet_toy", windowspec=(8, 4, 14, 7))
     with pytest.raises(ValueError, match="pos_embed.*'abswin_recursive'"):
         tiny(pos_embed="sincos")
     with pytest.raises(ValueError, match="block position encoding.*'lookhere'"):

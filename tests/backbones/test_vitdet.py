@@ -133,7 +133,7 @@ def test_pad_mode_mask_differs_only_in_padded_windows():
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_recipes_build_expected_terms_and_run(recipe):
-    m = create("vitdet_tiny", recipe=recipe, img_size=256).eval()
+    m = create("vitdet_toy", recipe=recipe, img_size=256).eval()
     kinds = {i: b.attn.position.kind for i, b in enumerate(m.blocks)}
     spec = RECIPES[recipe]
     wk = spec["window_pos"] if isinstance(spec["window_pos"], str) else spec["window_pos"]["kind"]
@@ -159,7 +159,7 @@ def test_abswin_recursive_is_periodic_with_the_pretrain_grid():
 
 
 def test_presets_listed():
-    assert {"vitdet_tiny", "vitdet_b", "vitdet_l", "vitdet_h"} <= set(list_presets())
+    assert {"vitdet_toy", "vitdet_b", "vitdet_l", "vitdet_h"} <= set(list_presets())
 
 
 def test_bad_inputs_raise_clear_errors():
@@ -172,12 +172,12 @@ def test_bad_inputs_raise_clear_errors():
         m(torch.randn(1, 1, 224, 224))
     with pytest.raises(ValueError, match=r"\(B, C, H, W\)"):
         m(torch.randn(3, 224, 224))
-    with pytest.raises(ValueError, match="vitdet_b.*vitdet_tiny"):
+    with pytest.raises(ValueError, match="vitdet_b.*vitdet_toy"):
         create("vitdet_xl")
     with pytest.raises(ValueError, match="recipe.*'paper'"):
-        create("vitdet_tiny", recipe="abswin")
+        create("vitdet_toy", recipe="abswin")
     with pytest.raises(ValueError, match="unknown ViTDet arguments.*'windowsize'"):
-        create("vitdet_tiny", windowsize=8)
+        create("vitdet_toy", windowsize=8)
     with pytest.raises(ValueError, match="pos_embed='sincos'.*'abswin'"):
         ViTDet(pos_embed="sincos", **TINY)
     with pytest.raises(ValueError, match="block position encoding='alibi'"):
@@ -195,9 +195,9 @@ def test_bad_inputs_raise_clear_errors():
 @pytest.mark.parametrize("recipe", ["original", "paper"])
 def test_activation_checkpointing_same_outputs_and_grads(recipe):
     torch.manual_seed(0)
-    plain = create("vitdet_tiny", recipe=recipe, img_size=256, embed_dim=32, num_heads=2).train()
+    plain = create("vitdet_toy", recipe=recipe, img_size=256, embed_dim=32, num_heads=2).train()
     randomize(plain).train()
-    ckpt = create("vitdet_tiny", recipe=recipe, img_size=256, embed_dim=32, num_heads=2, use_checkpoint=True).train()
+    ckpt = create("vitdet_toy", recipe=recipe, img_size=256, embed_dim=32, num_heads=2, use_checkpoint=True).train()
     ckpt.load_state_dict(plain.state_dict())
     x = torch.randn(2, 3, 256, 240)
     outs, grads = [], []
@@ -215,7 +215,7 @@ def test_activation_checkpointing_same_outputs_and_grads(recipe):
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_bf16_autocast_close_to_fp32(recipe):
     torch.manual_seed(0)
-    m = randomize(create("vitdet_tiny", recipe=recipe, img_size=256, embed_dim=32, num_heads=2))
+    m = randomize(create("vitdet_toy", recipe=recipe, img_size=256, embed_dim=32, num_heads=2))
     x = torch.randn(1, 3, 256, 256)
     with torch.no_grad():
         ref = m(x)
@@ -228,7 +228,7 @@ def test_bf16_autocast_close_to_fp32(recipe):
 
 def test_torch_compile_matches_eager():
     torch.manual_seed(0)
-    m = randomize(create("vitdet_tiny", recipe="paper", img_size=224, embed_dim=32, num_heads=2, depth=2,
+    m = randomize(create("vitdet_toy", recipe="paper", img_size=224, embed_dim=32, num_heads=2, depth=2,
                          global_blocks=(1,)))
     x = torch.randn(1, 3, 224, 256)
     # aot_eager keeps CI under a minute on 2 cores; fullgraph=True proves there is no graph break. Set
@@ -242,7 +242,7 @@ def test_torch_compile_matches_eager():
 def test_pretrained_weights_survive_create_overrides():
     """create(...) + the detectron2 converter: the documented path from a checkpoint to a model."""
     ref = randomize(d2_vit(img_size=224))
-    m = create("vitdet_tiny", img_size=224, embed_dim=32, num_heads=2, depth=3, global_blocks=(1,)).eval()
+    m = create("vitdet_toy", img_size=224, embed_dim=32, num_heads=2, depth=3, global_blocks=(1,)).eval()
     report = load_vitdet_weights(m, {f"backbone.net.{k}": v for k, v in ref.state_dict().items()})
     assert not report.missing and not report.unexpected
     x = torch.randn(1, 3, 224, 224)

@@ -21,7 +21,7 @@ def _sam2_file(tmp_path):
 
 def test_sam2_file_into_hieradet_preset_matches_sam2(tmp_path):
     trunk, path = _sam2_file(tmp_path)
-    model = create("hieradet_tiny", window_spec=(8, 4, 14, 7)).eval()
+    model = create("hieradet_toy", window_spec=(8, 4, 14, 7)).eval()
     sd, report = load_external(path, model, strict=True)
     model.load_state_dict(sd, strict=False)
     assert not report.missing and report.source == "sam2"
@@ -35,15 +35,15 @@ def test_detectron2_vit_into_vitdet_by_preset_name():
     src = vit.ViT(img_size=224, patch_size=16, embed_dim=96, depth=4, num_heads=3, window_size=14,
                   window_block_indexes=[0, 2], use_rel_pos=True, out_feature="last_feat")
     sd, report = load_external({"model": {"backbone.net." + k: v for k, v in src.state_dict().items()}},
-                               "vitdet_tiny", img_size=224)
+                               "vitdet_toy", img_size=224)
     assert report.source == "detectron2" and len(report.matched) + len(report.converted) > 10
 
 
 def test_wrong_family_and_unknown_format_are_explained(tmp_path):
     _, path = _sam2_file(tmp_path)
     with pytest.raises(ValueError, match="cannot load into ViTDet"):
-        load_external(path, "vitdet_tiny", format="sam2")
+        load_external(path, "vitdet_toy", format="sam2")
     with pytest.raises(ValueError, match="unknown checkpoint format"):
-        load_external(path, "hieradet_tiny", format="onnx")
+        load_external(path, "hieradet_toy", format="onnx")
     with pytest.raises(ValueError, match="list_presets|vitdet_b"):
         load_external(path, "hieradet_zz")

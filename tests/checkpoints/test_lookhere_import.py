@@ -129,10 +129,10 @@ def test_load_external_detects_the_format_and_refuses_what_does_not_fit(tmp_path
         load_external(obj, "vitdet_b", recipe="lookhere", pos_embed="abswin", **SMALL)
     with pytest.raises(ValueError, match="16 heads instead of the released ViT-B's 12"):
         load_external(obj, "vitdet_b", recipe="lookhere", num_heads=16, **SMALL)
-    with pytest.raises(ValueError, match="loads into a ViTDet preset.*not 'hieradet_tiny'"):
-        load_external(obj, "hieradet_tiny", format="lookhere", recipe="lookhere")
+    with pytest.raises(ValueError, match="loads into a ViTDet preset.*not 'hieradet_toy'"):
+        load_external(obj, "hieradet_toy", format="lookhere", recipe="lookhere")
     with pytest.raises(ValueError, match="loads into ViTDet, not HieraDet"):
-        convert_lookhere_checkpoint(obj, create("hieradet_tiny"), recipe="lookhere")
+        convert_lookhere_checkpoint(obj, create("hieradet_toy"), recipe="lookhere")
     with pytest.raises(ValueError, match="not in the authors' LookHere layout"):
         load_external({"model": {"w": torch.ones(1)}}, "vitdet_b", format="lookhere", recipe="lookhere")
     bad = official_file("45", dim=96, depth=4)

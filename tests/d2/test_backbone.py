@@ -28,7 +28,7 @@ def _check_outputs(backbone, x):
 
 @pytest.mark.parametrize("hw", [(128, 128), (100, 75)])
 def test_hieradet_adapter_output_shape_matches_outputs(hw):
-    bb = HieraDetBackbone("hieradet_tiny", **HIERA).eval()
+    bb = HieraDetBackbone("hieradet_toy", **HIERA).eval()
     assert bb.output_shape()["scale2"] == ShapeSpec(channels=32, stride=4)
     assert [bb.output_shape()[f].stride for f in bb._out_features] == [4, 8, 16, 32]
     assert bb.size_divisibility == 32 and bb.padding_constraints == {"size_divisibility": 32, "square_size": 0}
@@ -37,7 +37,7 @@ def test_hieradet_adapter_output_shape_matches_outputs(hw):
 
 
 def test_hieradet_adapter_applies_stage_norms_like_mvit():
-    net = create("hieradet_tiny", **HIERA).eval()
+    net = create("hieradet_toy", **HIERA).eval()
     bb = HieraDetBackbone(net, out_features=("scale3", "scale5")).eval()
     assert bb._out_features == ["scale3", "scale5"] and hasattr(bb, "scale3_norm") and not hasattr(bb, "scale2_norm")
     for p in bb.parameters():
@@ -56,7 +56,7 @@ def test_hieradet_adapter_applies_stage_norms_like_mvit():
 
 @pytest.mark.parametrize("hw", [(64, 96), (70, 50)])
 def test_vitdet_adapter_output_shape_and_padding(hw):
-    bb = ViTDetBackbone("vitdet_tiny", img_size=64, window_size=4).eval()
+    bb = ViTDetBackbone("vitdet_toy", img_size=64, window_size=4).eval()
     assert bb.output_shape() == {"last_feat": ShapeSpec(channels=96, stride=16)}
     x = torch.randn(1, 3, *hw)
     with torch.no_grad():
@@ -68,19 +68,19 @@ def test_vitdet_adapter_output_shape_and_padding(hw):
 
 def test_adapters_reject_bad_arguments():
     with pytest.raises(ValueError, match="out_features"):
-        HieraDetBackbone("hieradet_tiny", out_features=("res4",))
+        HieraDetBackbone("hieradet_toy", out_features=("res4",))
     with pytest.raises(ValueError, match="overrides"):
-        ViTDetBackbone(create("vitdet_tiny"), drop_path_rate=0.1)
+        ViTDetBackbone(create("vitdet_toy"), drop_path_rate=0.1)
     with pytest.raises(ValueError, match="size_divisibility"):
-        ViTDetBackbone("vitdet_tiny", size_divisibility=24)
+        ViTDetBackbone("vitdet_toy", size_divisibility=24)
     with pytest.raises(ValueError, match="unknown backbone preset"):
         ViTDetBackbone("vitdet_typo")
 
 
 def test_pyramids_on_adapters_line_up_at_any_size():
-    fpn = FPN(bottom_up=HieraDetBackbone("hieradet_tiny", **HIERA), in_features=["scale2", "scale3", "scale4",
+    fpn = FPN(bottom_up=HieraDetBackbone("hieradet_toy", **HIERA), in_features=["scale2", "scale3", "scale4",
               "scale5"], out_channels=16, norm="LN", top_block=LastLevelMaxPool()).eval()
-    sfp = SimpleFeaturePyramid(ViTDetBackbone("vitdet_tiny", img_size=64, window_size=4), "last_feat", 16,
+    sfp = SimpleFeaturePyramid(ViTDetBackbone("vitdet_toy", img_size=64, window_size=4), "last_feat", 16,
                                (4.0, 2.0, 1.0, 0.5), top_block=LastLevelMaxPool(), norm="LN").eval()
     with torch.no_grad():
         for model in (fpn, sfp):
@@ -90,8 +90,8 @@ def test_pyramids_on_adapters_line_up_at_any_size():
             assert out["p2"].shape[-2] == 2 * out["p3"].shape[-2] == 4 * out["p4"].shape[-2]
 
 
-@pytest.mark.parametrize("builder,name", [("build_hieradet_fpn_backbone", "hieradet_tiny"),
-                                          ("build_vitdet_sfp_backbone", "vitdet_tiny")])
+@pytest.mark.parametrize("builder,name", [("build_hieradet_fpn_backbone", "hieradet_toy"),
+                                          ("build_vitdet_sfp_backbone", "vitdet_toy")])
 def test_yacs_builders(builder, name):
     cfg = get_cfg()
     add_winpos_config(cfg)

@@ -22,7 +22,7 @@ class Detector(torch.nn.Module):
 
 
 def _vit_detector():
-    net = ViTDetBackbone("vitdet_tiny", "original", img_size=64, window_size=4)
+    net = ViTDetBackbone("vitdet_toy", "original", img_size=64, window_size=4)
     return Detector(SimpleFeaturePyramid(net, "last_feat", 16, (2.0, 1.0), top_block=LastLevelMaxPool(), norm="LN"))
 
 
@@ -132,7 +132,7 @@ def test_init_from_backbone_and_detectron2_vitdet_names(tmp_path):
 
 
 def test_init_hieradet_and_errors(tmp_path):
-    make = lambda: Detector(HieraDetBackbone("hieradet_tiny", img_size=64, window_spec=(8, 4, 4, 2)))  # noqa: E731
+    make = lambda: Detector(HieraDetBackbone("hieradet_toy", img_size=64, window_spec=(8, 4, 4, 2)))  # noqa: E731
     src = _randomize(make())
     torch.save({"model_state": src.backbone.net.state_dict()}, tmp_path / "hiera.pth")
     dst = make()

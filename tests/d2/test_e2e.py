@@ -18,7 +18,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = [sys.executable, str(ROOT / "tools" / "train_net.py")]
-CONFIG = ROOT / "configs" / "shapes" / "mask_rcnn_hieradet_tiny_abswin.py"
+CONFIG = ROOT / "configs" / "shapes" / "mask_rcnn_hieradet_toy_abswin.py"
 MAX_ITER, CKPT_PERIOD, LOG_PERIOD = 300, 100, 20
 # The learning run uses the one-class view of the shapes data (shapes1_*): a from-scratch tiny transformer does not
 # learn to tell the four outlines apart within a CI budget (fg classification accuracy was still 0 after 600

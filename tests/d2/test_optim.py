@@ -25,7 +25,7 @@ class Detector(torch.nn.Module):
 
 
 def _vit_model(recipe):
-    net = ViTDetBackbone("vitdet_tiny", recipe, img_size=64, window_size=4)
+    net = ViTDetBackbone("vitdet_toy", recipe, img_size=64, window_size=4)
     return Detector(SimpleFeaturePyramid(net, "last_feat", 16, (2.0, 1.0), top_block=LastLevelMaxPool(), norm="LN"))
 
 
@@ -79,7 +79,7 @@ def test_norms_have_no_weight_decay_including_detectron2_layernorm():
 
 
 def test_hieradet_layer_ids_per_block():
-    model = Detector(HieraDetBackbone("hieradet_tiny", "paper", img_size=64, window_spec=(8, 4, 4, 2)))
+    model = Detector(HieraDetBackbone("hieradet_toy", "paper", img_size=64, window_spec=(8, 4, 4, 2)))
     net = model.backbone.net
     ids = layer_ids(model)
     L_ = net.num_layers

@@ -37,7 +37,7 @@ from torch.utils.checkpoint import checkpoint
 from winpos.backbones.common import (
     POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, as_block_position, check_image,
 )
-from winpos.backbones.registry import register_preset
+from winpos.backbones.registry import register_family
 from winpos.errors import as_hw, check_choice
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 from winpos.windows import PAD_MODES, pad_to_window
@@ -255,8 +255,8 @@ class HieraDet(nn.Module):
 # no B or H: B shares B+'s depths, so it takes B+'s schedule and 14x14 global embedding; H shares L's depths and
 # takes L's schedule (windows 8, 4, 16, 8). With 16-token stage-3 windows (256 px) the recursive period of the
 # paper recipe is 64 tokens for L and H instead of 56, so every window grid stays aligned.
-_SIZES = {
-    "hieradet_tiny": dict(embed_dim=32, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,), pos_global_size=7),
+SIZES = {
+    "hieradet_toy": dict(embed_dim=32, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,), pos_global_size=7),
     "hieradet_t": dict(embed_dim=96, num_heads=1, stages=(1, 2, 7, 2), global_att_blocks=(5, 7, 9), pos_global_size=7),
     "hieradet_s": dict(embed_dim=96, num_heads=1, stages=(1, 2, 11, 2), global_att_blocks=(7, 10, 13),
                        pos_global_size=7),
@@ -270,58 +270,19 @@ _SIZES = {
                        window_spec=(8, 4, 16, 8), pos_global_size=7, pos_base_hw=64),
 }
 
-_LOOKHERE = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
+_LOOKHERE_45 = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
 RECIPES = {
     "original": dict(pos_embed="abswin", window_pos="none", global_pos="none"),  # SAM2
     "paper": dict(pos_embed="abswin_recursive", window_pos="none", global_pos="relpos"),  # Bolya et al.
     "rope": dict(pos_embed="abswin", window_pos="rope", global_pos="rope"),
     # LookHere-45 with winpos's spread head layout (the one earlier recipe models used; the authors lay out only 6,
     # 12 and 16 heads, and differ from it at 16, Hiera-B+/L's last stage).
-    "lookhere": dict(pos_embed="none", window_pos=_LOOKHERE, global_pos=_LOOKHERE),
+    "lookhere": dict(pos_embed="none", window_pos=_LOOKHERE_45, global_pos=_LOOKHERE_45),
 }
 
 
-def build_hieradet(size: str, recipe: str = "original", **overrides) -> HieraDet:
-    """``HieraDet`` of a named size with a named recipe; ``overrides`` replace any constructor argument."""
-    check_choice("HieraDet size", size, _SIZES)
-    check_choice("HieraDet recipe", recipe, RECIPES)
-    return HieraDet(**{**_SIZES[size], **RECIPES[recipe], **overrides})
+register_family(HieraDet, "HieraDet", SIZES, RECIPES,
+                docs={"hieradet_toy": "CPU-sized HieraDet for tests and shapes configs: 32 -> 256 channels, 5 blocks."})
 
 
-@register_preset("hieradet_tiny")
-def hieradet_tiny(recipe="original", **overrides):
-    """CPU-sized HieraDet for tests and shapes configs: 32 -> 256 channels, 5 blocks."""
-    return build_hieradet("hieradet_tiny", recipe, **overrides)
-
-
-@register_preset("hieradet_t")
-def hieradet_t(recipe="original", **overrides):
-    return build_hieradet("hieradet_t", recipe, **overrides)
-
-
-@register_preset("hieradet_s")
-def hieradet_s(recipe="original", **overrides):
-    return build_hieradet("hieradet_s", recipe, **overrides)
-
-
-@register_preset("hieradet_b")
-def hieradet_b(recipe="original", **overrides):
-    return build_hieradet("hieradet_b", recipe, **overrides)
-
-
-@register_preset("hieradet_bplus")
-def hieradet_bplus(recipe="original", **overrides):
-    return build_hieradet("hieradet_bplus", recipe, **overrides)
-
-
-@register_preset("hieradet_l")
-def hieradet_l(recipe="original", **overrides):
-    return build_hieradet("hieradet_l", recipe, **overrides)
-
-
-@register_preset("hieradet_h")
-def hieradet_h(recipe="original", **overrides):
-    return build_hieradet("hieradet_h", recipe, **overrides)
-
-
-__all__ = ["HieraDet", "HieraBlock", "BlockSpec", "block_schedule", "build_hieradet", "RECIPES"]
+__all__ = ["HieraDet", "HieraBlock", "BlockSpec", "block_schedule", "SIZES", "RECIPES"]

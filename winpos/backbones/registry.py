@@ -1,17 +1,21 @@
 """Named backbone presets (``vitdet_b``, ``hieradet_b``, ...) and the one ``create`` entry point.
 
-A preset is a factory ``factory(recipe: str = "original", **overrides) -> nn.Module`` registered with
-``@register_preset("name")`` in the model's own file. The factory owns its recipes (named sets of position
-encodings such as ``original`` / ``paper`` / ``rope`` / ``lookhere``) and validates the recipe name; ``overrides``
-are constructor arguments applied on top of the preset and the recipe.
+A preset is a factory ``factory(recipe: str = "original", **overrides) -> nn.Module`` registered under its name.
+A model file declares its sizes (constructor arguments per preset name) and recipes (named sets of position
+encodings: ``original`` / ``paper`` / ``rope`` / ``lookhere``) and calls ``register_family`` once: every size
+becomes a preset built by ``build_preset``, which checks the size, the recipe and the overrides (constructor
+arguments applied on top of the size and the recipe; an unknown one is a ``ValueError`` listing the valid ones)
+and copies the recipe, so a built model never shares a dict with the table.
 
 This module imports no model file at import time; ``create`` and ``list_presets`` import them lazily so every
 preset is registered before it is looked up.
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
+import inspect
 from typing import Callable
 
 import torch.nn as nn
@@ -37,6 +41,40 @@ def register_preset(name: str):
         return factory
 
     return decorator
+
+
+def build_preset(cls: type, family: str, sizes: dict, recipes: dict, size: str, recipe: str = "original",
+                 overrides: dict | None = None) -> nn.Module:
+    """``cls(**sizes[size], **recipes[recipe], **overrides)``, each name checked (``ValueError`` naming the valid
+    choices), the tables deep-copied."""
+    from winpos.errors import check_choice
+
+    check_choice(f"{family} size", size, sizes)
+    check_choice(f"{family} recipe", recipe, recipes)
+    overrides = dict(overrides or {})
+    valid = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    unknown = sorted(set(overrides) - valid)
+    if unknown:
+        raise ValueError(f"unknown {family} arguments {unknown}; valid ones are {sorted(valid)}")
+    return cls(**{**copy.deepcopy(sizes[size]), **copy.deepcopy(recipes[recipe]), **overrides})
+
+
+def register_family(cls: type, family: str, sizes: dict, recipes: dict, docs: dict | None = None) -> None:
+    """Register one preset per key of ``sizes``: ``create(size, recipe, **overrides)`` calls ``build_preset``.
+    ``docs``: an optional one-line description per size (the factory's docstring)."""
+    def preset(size: str) -> Callable[..., nn.Module]:
+        def factory(recipe: str = "original", **overrides) -> nn.Module:
+            return build_preset(cls, family, sizes, recipes, size, recipe, overrides)
+
+        return factory
+
+    for size in sizes:
+        factory = preset(size)
+        factory.__name__ = factory.__qualname__ = size
+        factory.__module__ = cls.__module__
+        factory.__doc__ = (docs or {}).get(size, f"{family} preset {size!r}: ``{family}(**SIZES[{size!r}], "
+                                                 f"**RECIPES[recipe], **overrides)``")
+        register_preset(size)(factory)
 
 
 def _import_models() -> None:

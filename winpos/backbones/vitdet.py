@@ -23,7 +23,6 @@ Position encoding is chosen by ``pos_embed`` (a token embedding added once after
 from __future__ import annotations
 
 import copy
-import inspect
 
 import torch
 import torch.nn as nn
@@ -32,12 +31,12 @@ from torch.utils.checkpoint import checkpoint
 from winpos.backbones.common import (
     POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, as_block_position, check_image,
 )
-from winpos.backbones.registry import register_preset
+from winpos.backbones.registry import register_family
 from winpos.errors import as_hw, check_choice
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 from winpos.windows import PAD_MODES, pad_to_window
 
-__all__ = ["ViTDet", "ViTDetBlock", "RECIPES", "SIZES", "vitdet_tiny", "vitdet_b", "vitdet_l", "vitdet_h"]
+__all__ = ["ViTDet", "ViTDetBlock", "RECIPES", "SIZES"]
 
 
 class PatchEmbed(nn.Module):
@@ -225,7 +224,7 @@ class ViTDet(nn.Module):
 # Sizes of detectron2's ViTDet-B/L/H configs (embed dim, depth, heads, global-attention blocks, drop-path rate)
 # plus a CPU-sized one for tests and shapes configs.
 SIZES = {
-    "vitdet_tiny": dict(embed_dim=96, depth=4, num_heads=3, global_blocks=(1, 3), drop_path_rate=0.0),
+    "vitdet_toy": dict(embed_dim=96, depth=4, num_heads=3, global_blocks=(1, 3), drop_path_rate=0.0),
     "vitdet_b": dict(embed_dim=768, depth=12, num_heads=12, global_blocks=(2, 5, 8, 11), drop_path_rate=0.1),
     "vitdet_l": dict(embed_dim=1024, depth=24, num_heads=16, global_blocks=(5, 11, 17, 23), drop_path_rate=0.4),
     "vitdet_h": dict(embed_dim=1280, depth=32, num_heads=16, global_blocks=(7, 15, 23, 31), drop_path_rate=0.5),
@@ -245,30 +244,4 @@ RECIPES = {
 }
 
 
-def _build(size: str, recipe: str, overrides: dict) -> ViTDet:
-    check_choice("ViTDet recipe", recipe, RECIPES)
-    valid = set(inspect.signature(ViTDet.__init__).parameters) - {"self"}
-    unknown = sorted(set(overrides) - valid)
-    if unknown:
-        raise ValueError(f"unknown ViTDet arguments {unknown}; valid ones are {sorted(valid)}")
-    return ViTDet(**{**SIZES[size], **copy.deepcopy(RECIPES[recipe]), **overrides})
-
-
-@register_preset("vitdet_tiny")
-def vitdet_tiny(recipe: str = "original", **overrides) -> ViTDet:
-    return _build("vitdet_tiny", recipe, overrides)
-
-
-@register_preset("vitdet_b")
-def vitdet_b(recipe: str = "original", **overrides) -> ViTDet:
-    return _build("vitdet_b", recipe, overrides)
-
-
-@register_preset("vitdet_l")
-def vitdet_l(recipe: str = "original", **overrides) -> ViTDet:
-    return _build("vitdet_l", recipe, overrides)
-
-
-@register_preset("vitdet_h")
-def vitdet_h(recipe: str = "original", **overrides) -> ViTDet:
-    return _build("vitdet_h", recipe, overrides)
+register_family(ViTDet, "ViTDet", SIZES, RECIPES)

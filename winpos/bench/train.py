@@ -22,13 +22,13 @@ BASELINE = "abswin"
 
 
 def available_encodings(which: str, config_dir) -> list[str]:
-    """Encodings with a ``<config_dir>/mask_rcnn_{which}_tiny_{encoding}.py`` file (``configs/shapes`` of a
+    """Encodings with a ``<config_dir>/mask_rcnn_{which}_toy_{encoding}.py`` file (``configs/shapes`` of a
     checkout), sorted."""
     config_dir = Path(config_dir)
-    pattern = re.compile(rf"mask_rcnn_{re.escape(which)}_tiny_(\w+)\.py$")
+    pattern = re.compile(rf"mask_rcnn_{re.escape(which)}_toy_(\w+)\.py$")
     found = sorted(m.group(1) for p in config_dir.glob("*.py") if (m := pattern.match(p.name)))
     if not found:
-        raise ValueError(f"no mask_rcnn_{which}_tiny_*.py under {config_dir}; pass the configs/shapes folder of a "
+        raise ValueError(f"no mask_rcnn_{which}_toy_*.py under {config_dir}; pass the configs/shapes folder of a "
                          "winpos checkout, with which='hieradet' or 'vitdet'")
     return found
 
@@ -75,7 +75,7 @@ def run(config_dir, which="hieradet", encodings=None, iters=5, warmup=1, bf16=Fa
         seed=0) -> dict:
     """Time ``iters`` training steps per encoding after ``warmup`` (see the module docstring); returns the
     numbers and prints the table. ``config_dir``: the ``configs/shapes`` folder holding
-    ``mask_rcnn_{which}_tiny_{encoding}.py``; ``overrides``: ``key=value`` config overrides applied to every
+    ``mask_rcnn_{which}_toy_{encoding}.py``; ``overrides``: ``key=value`` config overrides applied to every
     encoding."""
     from winpos.d2.engine import EventStorage
 
@@ -91,7 +91,7 @@ def run(config_dir, which="hieradet", encodings=None, iters=5, warmup=1, bf16=Fa
     batches: dict = {}
     setups = {}
     for enc in encodings:
-        path = config_dir / f"mask_rcnn_{which}_tiny_{enc}.py"
+        path = config_dir / f"mask_rcnn_{which}_toy_{enc}.py"
         cfg, trainer = _trainer(path, list(overrides), device, bf16, seed)
         batch = _fixed_batch(cfg, batches)
         trainer.data_loader = itertools.repeat(batch)
@@ -122,7 +122,7 @@ def run(config_dir, which="hieradet", encodings=None, iters=5, warmup=1, bf16=Fa
                "warmup": warmup, "bf16": bf16, "seed": seed, "overrides": list(overrides),
                "data_loading_measured": False, "rows": rows}
     precision = "bf16 autocast" if bf16 else "fp32"
-    print(f"train step of the shapes Mask R-CNN ({which}_tiny), {device}, {precision}, {results['threads']} threads, "
+    print(f"train step of the shapes Mask R-CNN ({which}_toy), {device}, {precision}, {results['threads']} threads, "
           f"median of {iters} iterations after {warmup} warm-up, round-robin over encodings; one fixed batch pulled "
           "from the training loader once (data loading not measured)")
     print_table(f"training throughput (speedup = {BASELINE} time / this encoding's time)", rows,

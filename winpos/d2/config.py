@@ -154,10 +154,10 @@ def load_config(path, overrides=()) -> DictConfig:
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise WinposError(f"config file {path!r} does not exist; pass a file under configs/ (e.g. "
-                          "configs/shapes/mask_rcnn_hieradet_tiny_abswin.py) or an output_dir/config.yaml")
+                          "configs/shapes/mask_rcnn_hieradet_toy_abswin.py) or an output_dir/config.yaml")
     if not path.endswith((".py", ".yaml", ".yml")):
         raise WinposError(f"config file {path!r} is neither a LazyConfig .py file nor a config.yaml; pass e.g. "
-                          "configs/shapes/mask_rcnn_hieradet_tiny_abswin.py")
+                          "configs/shapes/mask_rcnn_hieradet_toy_abswin.py")
     try:
         cfg = LazyConfig.load(path)
     except Exception as e:  # noqa: BLE001 - a config file runs arbitrary Python; any error means it did not load

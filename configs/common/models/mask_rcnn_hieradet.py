@@ -10,7 +10,7 @@ from .mask_rcnn_fpn import model
 
 model.backbone = L(FPN)(
     bottom_up=L(HieraDetBackbone)(
-        net="hieradet_b",  # a winpos preset: hieradet_{t,s,b,bplus,l,h} or hieradet_tiny
+        net="hieradet_b",  # a winpos preset: hieradet_{t,s,b,bplus,l,h} or hieradet_toy
         recipe="original",  # original (SAM2 abs-win) | paper | rope | lookhere
         out_features=("scale2", "scale3", "scale4", "scale5"),
         img_size=1024,  # sizes the relpos tables of global blocks

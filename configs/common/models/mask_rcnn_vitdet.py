@@ -10,7 +10,7 @@ from .mask_rcnn_fpn import model
 
 model.backbone = L(SimpleFeaturePyramid)(
     net=L(ViTDetBackbone)(
-        net="vitdet_b",  # a winpos preset: vitdet_{b,l,h} or vitdet_tiny
+        net="vitdet_b",  # a winpos preset: vitdet_{b,l,h} or vitdet_toy
         recipe="original",  # original (abs + relpos, detectron2) | paper | rope | lookhere
         out_feature="last_feat",
         img_size=1024,  # sizes the relpos tables of global blocks

@@ -1,7 +1,7 @@
 # Tiny HieraDet + FPN Mask R-CNN on the shapes dataset (CPU, minutes).
-# Position encoding: SAM2's abs-win, no block terms.
+# Position encoding: recursive abs-win + relpos in global blocks (Bolya et al.).
 from ..common.models.mask_rcnn_hieradet import model
 from ..common.shapes import dataloader, lr_multiplier, optimizer, train, tiny_hieradet
 
-model = tiny_hieradet(model, "original")
-train.output_dir = "./output/shapes/mask_rcnn_hieradet_tiny_abswin"
+model = tiny_hieradet(model, "paper")
+train.output_dir = "./output/shapes/mask_rcnn_hieradet_toy_paper"

@@ -4,4 +4,4 @@ from ..common.models.mask_rcnn_vitdet import model
 from ..common.shapes import dataloader, lr_multiplier, optimizer, train, tiny_vitdet
 
 model = tiny_vitdet(model, "paper", global_pos="none")
-train.output_dir = "./output/shapes/mask_rcnn_vitdet_tiny_abswin"
+train.output_dir = "./output/shapes/mask_rcnn_vitdet_toy_abswin"

@@ -1,7 +1,7 @@
 # Tiny ViTDet + SimpleFeaturePyramid Mask R-CNN on the shapes dataset (CPU, minutes).
-# Position encoding: abs-win + relpos in global blocks only (Bolya et al.).
+# Position encoding: abs embedding interpolated (the bug), no block terms.
 from ..common.models.mask_rcnn_vitdet import model
 from ..common.shapes import dataloader, lr_multiplier, optimizer, train, tiny_vitdet
 
-model = tiny_vitdet(model, "paper")
-train.output_dir = "./output/shapes/mask_rcnn_vitdet_tiny_paper"
+model = tiny_vitdet(model, "original", window_pos="none", global_pos="none")
+train.output_dir = "./output/shapes/mask_rcnn_vitdet_toy_abs"
