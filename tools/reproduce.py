@@ -72,7 +72,7 @@ def main(argv=None):
     log = lambda m: print(f"[reproduce] {m}", flush=True)  # noqa: E731
 
     def export_now():
-        from winpos.d2.reproduce import export_stage1
+        from winpos.d2.reproduce_checkpoints import export_stage1
 
         command = "python tools/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
         info = export_stage1(proto, export[0], export[1], command)

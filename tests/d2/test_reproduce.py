@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from winpos.d2 import reproduce as R
+from winpos.d2 import reproduce_checkpoints as C
 from winpos.d2.reproduce_report import compare_pairs, format_pairs, format_table, format_zero_shot, plot_results
 from winpos.diagnostics.metrics import naive_resize, window_similarity
 from winpos.errors import WinposError
@@ -93,12 +94,12 @@ def test_periodic_start_and_its_exact_abs_to_abswin_conversion(tmp_path):
 
     spec = _spec(tmp_path, "abs_periodic")
     start = tmp_path / "start.pth"
-    ws = R.periodic_start(spec, str(start))
+    ws = C.periodic_start(spec, str(start))
     assert ws["ws"] > 0.7 and ws["ws_naive_2x"] < 0.2 and ws["ws_naive_4x"] < 0.2
     assert ws["ws_abswin_2x"] > 0.7 and ws["ws_abswin_4x"] > 0.7  # what the converted model adds at 2x / 4x
 
     conv = tmp_path / "conv.pth"
-    R.convert_abs_to_abswin(str(start), str(conv))
+    C.convert_abs_to_abswin(str(start), str(conv))
     sd_abs = torch.load(start, weights_only=True)["model"]
     sd_win = torch.load(conv, weights_only=True)["model"]
     assert set(sd_win) == set(sd_abs) - {"backbone.bottom_up.net.pos_embed.pos_embed"} | {
@@ -126,7 +127,7 @@ def test_conversion_refuses_a_checkpoint_without_an_absolute_embedding(tmp_path)
     src = tmp_path / "rope.pth"
     torch.save({"model": model.state_dict()}, src)
     with pytest.raises(WinposError, match="no backbone.bottom_up.net.pos_embed.pos_embed"):
-        R.convert_abs_to_abswin(str(src), str(tmp_path / "out.pth"))
+        C.convert_abs_to_abswin(str(src), str(tmp_path / "out.pth"))
     assert not (tmp_path / "out.pth").exists()
 
 
@@ -137,10 +138,10 @@ def test_export_writes_fp16_weights_and_a_manifest_the_demo_checks(tmp_path):
     p = R.Protocol(config=CONFIG, output_dir=str(tmp_path))
     out = Path(R.stage1_spec(p, "abs_periodic")["out"])
     out.mkdir(parents=True)
-    R.periodic_start(_spec(tmp_path, "abs_periodic"), str(out / "model_final.pth"))
+    C.periodic_start(_spec(tmp_path, "abs_periodic"), str(out / "model_final.pth"))
     dst = tmp_path / "ship" / "stage1.pth"
     dst.parent.mkdir()
-    info = R.export_stage1(p, "abs_periodic", str(dst), "python tools/reproduce.py --test")
+    info = C.export_stage1(p, "abs_periodic", str(dst), "python tools/reproduce.py --test")
     manifest = dst.with_suffix(".json")
     assert json.loads(manifest.read_text()) == info
     assert info["command"] == "python tools/reproduce.py --test" and info["seed"] == 0
@@ -326,7 +327,7 @@ def test_masked_token_pretraining_writes_a_detector_it_trained(tmp_path):
 
 def test_a_continued_stage1_starts_from_its_init_and_records_it(tmp_path):
     first = tmp_path / "first.pth"
-    R.periodic_start(_spec(tmp_path, "abs_periodic"), str(first))
+    C.periodic_start(_spec(tmp_path, "abs_periodic"), str(first))
     first.with_suffix(".json").write_text(json.dumps({"iterations": 8000, "command": "python tools/reproduce.py A"}))
     p = R.Protocol(config=CONFIG, output_dir=str(tmp_path / "o"), rows=("abs_periodic", "abs_periodic2win"),
                    pretrain_iters=4000, pretrain_lr=5e-4, pretrain_init=str(first), mim_iters=100)
@@ -336,7 +337,7 @@ def test_a_continued_stage1_starts_from_its_init_and_records_it(tmp_path):
     out = Path(spec["out"])
     out.mkdir(parents=True)
     (out / "model_final.pth").write_bytes(first.read_bytes())
-    info = R.export_stage1(p, "abs_periodic", str(tmp_path / "ship.pth"), "python tools/reproduce.py B")
+    info = C.export_stage1(p, "abs_periodic", str(tmp_path / "ship.pth"), "python tools/reproduce.py B")
     assert info["iterations"] == 4000 and info["iterations_total"] == 12000
     before = info["continued_from"]
     assert before["file"] == "first.pth" and before["manifest"]["command"] == "python tools/reproduce.py A"
@@ -350,7 +351,7 @@ def test_the_shipped_checkpoint_matches_its_manifest():
     info = check_stage1(str(ship / "stage1_hieradet_abs_periodic_64px.pth"),
                         str(ship / "stage1_hieradet_abs_periodic_64px.json"))
     assert info["encoding"] == "abs_periodic" and info["command"].startswith("python tools/reproduce.py")
-    measured = R.window_structure(str(ship / "stage1_hieradet_abs_periodic_64px.pth"))
+    measured = C.window_structure(str(ship / "stage1_hieradet_abs_periodic_64px.pth"))
     assert measured == pytest.approx(info["window_structure"], abs=1e-9)
     # what the demo relies on: window structure that naive 2x interpolation destroys
     assert measured["ws"] > 0.15 and measured["ws_naive_2x"] < 0.05 and measured["ws_abswin_2x"] > 0.15
@@ -358,7 +359,7 @@ def test_the_shipped_checkpoint_matches_its_manifest():
 
 def test_zero_shot_evaluates_the_start_without_training_and_can_zero_the_embedding(tmp_path):
     start = tmp_path / "start.pth"
-    R.periodic_start(_spec(tmp_path, "abs_periodic"), str(start))
+    C.periodic_start(_spec(tmp_path, "abs_periodic"), str(start))
     spec = dict(_spec(tmp_path, "abs_periodic"), name="z", iters=0, init=str(start), size=128,
                 out=str(tmp_path / "zero-shot"))
     out = R._launch(spec, lambda m: None)

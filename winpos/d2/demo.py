@@ -46,6 +46,7 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
     """Finetune the shipped stage-1 checkpoint as rows (a') and (b') at 2x grid on upscaled images (and (b') on
     the four-class labels); returns the summary (also ``<output_dir>/summary.json``)."""
     from winpos.d2 import reproduce as R
+    from winpos.d2.reproduce_checkpoints import convert_abs_to_abswin, window_structure
     from winpos.outputs import atomic_write
 
     if not isinstance(iters, int) or iters < 1:
@@ -65,7 +66,7 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
     t0 = time.time()
     conv = out / "stage2" / "abs_periodic2win_init.pth"
     if not conv.is_file():
-        R.convert_abs_to_abswin(checkpoint, str(conv))
+        convert_abs_to_abswin(checkpoint, str(conv))
     specs = []
     for seed in seeds:
         for row in DEMO_ROWS:
@@ -85,7 +86,7 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
     from winpos.d2.reproduce_report import format_table, plot_results, summarize
 
     summary = summarize(proto, {"abs_periodic": {"checkpoint": str(checkpoint),
-                                          "window_structure": R.window_structure(str(checkpoint)),
+                                          "window_structure": window_structure(str(checkpoint)),
                                           "box_AP_64px": info.get("box_AP_64px"),
                                           "mask_AP_64px": info.get("mask_AP_64px")}}, one_class)
     summary["four_class"] = next(({"bbox": r["bbox"], "segm": r["segm"]} for r in runs
