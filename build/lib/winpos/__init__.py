@@ -1,0 +1,1 @@
+"""winpos: position encodings that work with window attention."""

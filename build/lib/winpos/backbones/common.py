@@ -1,0 +1,170 @@
+"""Pieces both backbones share: the attention module with per-block position terms, the MLP, drop path, and the
+validation of position-encoding choices."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from winpos.attention import PositionTerms, attention, resolve_backend
+from winpos.errors import check_choice
+from winpos.windows import PAD_MODES, window_partition, window_unpartition
+
+POS_EMBEDS = ("none", "abs", "abswin", "abswin_recursive")
+BLOCK_POS = ("none", "relpos", "rope", "lookhere")
+
+
+@dataclass
+class BlockPosition:
+    """The position term of one block kind (window or global).
+
+    kind: one of ``BLOCK_POS``.
+    rope: options for ``winpos.posemb.rope.RoPE`` (kind, fraction, base, shared_heads, pairing, axis_order, coords).
+    lookhere: options for ``winpos.posemb.lookhere.LookHere`` (variant, global_slope).
+    relpos_zero_init: detectron2's ``rel_pos_zero_init``.
+    """
+
+    kind: str = "none"
+    rope: dict = field(default_factory=dict)
+    lookhere: dict = field(default_factory=dict)
+    relpos_zero_init: bool = True
+
+    def __post_init__(self):
+        check_choice("block position encoding", self.kind, BLOCK_POS)
+
+
+def as_block_position(value) -> BlockPosition:
+    if isinstance(value, BlockPosition):
+        return value
+    if isinstance(value, str):
+        return BlockPosition(kind=value)
+    if isinstance(value, dict):
+        return BlockPosition(**value)
+    raise ValueError(f"a block position must be a name in {BLOCK_POS}, a dict or a BlockPosition, got {value!r}")
+
+
+class Attention(nn.Module):
+    """Multi-head attention over a padded token grid with an optional pooled query and one position term.
+
+    Args:
+        dim, dim_out: input and output channels (they differ in Hiera's stage-transition blocks).
+        num_heads: heads; ``dim_out`` must divide by it.
+        window_size: key window, or 0 for global attention.
+        q_stride: 2 to max-pool queries 2x2 inside windows (Hiera's q-pooling), else 1.
+        position: the block's ``BlockPosition``.
+        extent: attention extent used to size relpos tables (window size, or the global grid at training size).
+        layer_index, num_layers: LookHere's per-layer slope schedule.
+        pad_mode: ``"zeros"`` (detectron2/SAM semantics) or ``"mask"``.
+    Forward: ``x (B, Hp, Wp, dim)`` padded to the window, ``valid_hw`` -> ``(B, Hp/q, Wp/q, dim_out)``.
+    """
+
+    def __init__(self, dim, dim_out, num_heads, window_size=0, q_stride=1, qkv_bias=True, position="none",
+                 extent=(14, 14), layer_index=0, num_layers=1, pad_mode="zeros"):
+        super().__init__()
+        if dim_out % num_heads:
+            raise ValueError(f"dim_out={dim_out} is not divisible by num_heads={num_heads}")
+        self.num_heads, self.head_dim = num_heads, dim_out // num_heads
+        self.window_size, self.q_stride = window_size, q_stride
+        self.pad_mode = check_choice("pad_mode", pad_mode, PAD_MODES)
+        self.qkv = nn.Linear(dim, dim_out * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim_out, dim_out)
+        self.position = as_block_position(position)
+        self.rope = self.lookhere = None
+        kind = self.position.kind
+        if kind == "relpos":
+            eh, ew = (extent, extent) if isinstance(extent, int) else extent
+            self.rel_pos_h = nn.Parameter(torch.zeros(2 * eh - 1, self.head_dim))
+            self.rel_pos_w = nn.Parameter(torch.zeros(2 * ew - 1, self.head_dim))
+            if not self.position.relpos_zero_init:
+                nn.init.trunc_normal_(self.rel_pos_h, std=0.02)
+                nn.init.trunc_normal_(self.rel_pos_w, std=0.02)
+        elif kind == "rope":
+            from winpos.posemb.rope import RoPE
+
+            self.rope = RoPE(self.head_dim, num_heads, **self.position.rope)
+        elif kind == "lookhere":
+            from winpos.posemb.lookhere import LookHere
+
+            self.lookhere = LookHere(num_heads, layer_index=layer_index, num_layers=num_layers, **self.position.lookhere)
+
+    def position_terms(self) -> PositionTerms:
+        rel = (self.rel_pos_h, self.rel_pos_w) if self.position.kind == "relpos" else None
+        return PositionTerms(rope=self.rope, rel_pos=rel, lookhere=self.lookhere)
+
+    def forward(self, x: torch.Tensor, valid_hw=None) -> torch.Tensor:
+        B, H, W, C = x.shape
+        ws, s = self.window_size, self.q_stride
+        zero_padded = self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)
+        if ws and zero_padded and resolve_backend("auto", x.device) != "triton":
+            # Partition x once, before the projections (as SAM2 does): every position term of a window block is
+            # window-local, so each window is a small global attention with the same terms. One copy of x and one
+            # of the output, instead of one per q, k and v and one of the output. (The Triton kernel windows the
+            # grid in-kernel and needs no copy at all.)
+            xw = window_partition(x, ws).reshape(-1, ws, ws, C)
+            out = self._attend(xw, window=None, valid_hw=None)
+            return window_unpartition(out.flatten(1, 2), ws // s, (H // s, W // s))
+        return self._attend(x, window=ws or None, valid_hw=valid_hw)
+
+    def _attend(self, x: torch.Tensor, window, valid_hw) -> torch.Tensor:
+        B, H, W, _ = x.shape
+        qkv = self.qkv(x).reshape(B, H, W, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv.unbind(3)  # each (B, H, W, heads, head_dim)
+        if self.q_stride > 1:
+            # Max-pool queries inside windows; windows are even so pooling the padded grid pools each window.
+            s = self.q_stride
+            q = F.max_pool2d(q.flatten(3).permute(0, 3, 1, 2), kernel_size=s, stride=s, ceil_mode=False)
+            q = q.permute(0, 2, 3, 1).reshape(B, H // s, W // s, self.num_heads, self.head_dim)
+        out = attention(q, k, v, window=window, pos=self.position_terms(), valid_hw=valid_hw, pad_mode=self.pad_mode)
+        return self.proj(out.flatten(-2))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim, hidden, out=None, act=nn.GELU):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = act()
+        self.fc2 = nn.Linear(hidden, out or dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth per sample (identity at eval or p=0)."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        if self.p == 0.0 or not self.training:
+            return x
+        keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1 - self.p)
+        return x * keep / (1 - self.p)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim, init_values):
+        super().__init__()
+        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+
+    def forward(self, x):
+        return x * self.gamma
+
+
+def check_image(x: torch.Tensor, in_chans: int, stride: int, name: str) -> None:
+    """Validate a backbone input ``(B, C, H, W)``."""
+    if x.dim() != 4:
+        raise ValueError(f"{name} expects images as (B, C, H, W), got shape {tuple(x.shape)}")
+    if x.shape[1] != in_chans:
+        raise ValueError(f"{name} expects {in_chans} input channels, got {x.shape[1]}; convert the image to RGB")
+    if x.shape[-1] == 0 or x.shape[-2] == 0 or x.shape[0] == 0:
+        raise ValueError(f"{name} got an empty input of shape {tuple(x.shape)}; images must have nonzero size")
+    if x.shape[-1] % stride or x.shape[-2] % stride:
+        raise ValueError(
+            f"image size {x.shape[-2]}x{x.shape[-1]} is not a multiple of the patch stride {stride}; pad it to "
+            f"{-(-x.shape[-2] // stride) * stride}x{-(-x.shape[-1] // stride) * stride} (detectron2 adapters do this "
+            "via size_divisibility)"
+        )

@@ -1,0 +1,122 @@
+"""Import the checkpoints people already have (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, the LookHere
+authors' ViT-B, winpos).
+
+Every file is read as data (``torch.load(weights_only=True)``, safetensors, or a restricted unpickler for
+detectron2's ``.pkl``), then renamed and, where the target asks for it, converted (abs -> abs-win exactly, relpos
+tables resampled). ``load_external`` is the one entry point; the per-family converters live in ``hiera.py``,
+``vitdet.py`` and ``lookhere.py`` (the LookHere authors' files, detected by their ``weights`` / ``config`` layout).
+Every converter says what it did with each key in a ``LoadReport`` (``report.py``).
+
+``load_external`` also accepts winpos's own files, backbone-only or a whole winpos detector (``model_final.pth``:
+the trunk is found under its ``backbone.`` prefix, the other keys are reported), and converts them between every
+``pos_embed`` choice. It refuses a result with NaN / inf values (naming the keys) and a result that holds no
+tensor of the target (the wrong ``format`` or another architecture).
+"""
+from __future__ import annotations
+
+import os
+
+import torch.nn as nn
+
+from winpos.checkpoints.io import (check_finite_state_dict, load_checkpoint_object, load_state_dict_file,
+                                   unwrap_state_dict)
+from winpos.checkpoints.report import LoadReport
+from winpos.errors import WinposError
+
+FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae", "lookhere")
+_HIERA_FORMATS = ("sam2", "hiera", "timm_abswin", "winpos")
+_VIT_FORMATS = ("detectron2", "sam", "mae")
+_FOREIGN_PREFIXES = ("image_encoder.trunk.", "image_encoder.")  # SAM2 / SAM containers, handled by the converters
+
+
+def _winpos_trunk_prefix(flat: dict, vit: bool) -> str:
+    """The key prefix of a winpos backbone inside a whole-detector checkpoint (``backbone.net.`` for HieraDet,
+    ``backbone.net.net.`` for ViTDet), or ``""`` when the trunk is at the top level or the file is not winpos's."""
+    if "patch_embed.proj.weight" in flat:
+        return ""
+    prefixes = {k[:-len("patch_embed.proj.weight")] for k in flat if k.endswith(".patch_embed.proj.weight")}
+    if len(prefixes) != 1:
+        return ""
+    (prefix,) = prefixes
+    if prefix in _FOREIGN_PREFIXES:
+        return ""
+    if vit and not any(k.startswith(prefix + "pos_embed.") for k in flat) and prefix == "backbone.net.":
+        return ""  # detectron2's ViTDet names (flat backbone.net.pos_embed): the detectron2 converter reads them
+    return prefix
+
+
+def _resolve_target(target, recipe, overrides) -> nn.Module:
+    if isinstance(target, nn.Module):
+        return target
+    if isinstance(target, str):
+        from winpos.backbones import create
+
+        return create(target, recipe=recipe, **overrides)
+    raise WinposError(f"target must be a preset name (see winpos.backbones.list_presets()) or a model, got {target!r}")
+
+
+def load_external(path_or_state_dict, target, format: str = "auto", recipe: str = "original", strict: bool = False,
+                  **overrides):
+    """Convert an outside checkpoint into winpos names for ``target``.
+
+    Args:
+        path_or_state_dict: a checkpoint file, a loaded container (``{"model": ...}``) or a flat state dict.
+        target: a winpos backbone (HieraDet / ViTDet) or a preset name, built with ``recipe`` and ``overrides``
+            (e.g. ``pos_embed="abswin"`` to convert an absolute embedding to abs-win on import).
+        format: one of ``FORMATS``; ``"auto"`` detects it from the keys.
+        strict: refuse checkpoints that lack trunk weights of the target.
+    Returns:
+        ``(state_dict, LoadReport)``: the state dict loads into the target with ``load_state_dict(sd, strict=False)``
+        and only position parameters the source lacks stay missing.
+    """
+    from winpos.backbones import HieraDet, ViTDet
+
+    if format not in FORMATS:
+        raise WinposError(f"unknown checkpoint format {format!r}; choose one of {', '.join(FORMATS)}")
+    obj = load_checkpoint_object(path_or_state_dict) if isinstance(path_or_state_dict, (str, os.PathLike)) \
+        else path_or_state_dict
+    from winpos.checkpoints.lookhere import convert_lookhere_checkpoint, is_lookhere_checkpoint
+
+    if format == "lookhere" or (format == "auto" and is_lookhere_checkpoint(obj)):  # authors' LookHere ViT-B
+        return convert_lookhere_checkpoint(obj, target, recipe=recipe, strict=strict, **overrides)
+    model = _resolve_target(target, recipe, overrides)
+    is_hiera, is_vit = isinstance(model, HieraDet), isinstance(model, ViTDet)
+    if not (is_hiera or is_vit):
+        raise WinposError(f"load_external converts into HieraDet or ViTDet, not {type(model).__name__}")
+    if is_hiera and format in _VIT_FORMATS:
+        raise WinposError(f"format={format!r} is a plain-ViT checkpoint; it cannot load into HieraDet: pass "
+                          "format='auto' or a Hiera format (sam2, hiera, timm_abswin, winpos)")
+    if is_vit and format in _HIERA_FORMATS and format != "winpos":
+        raise WinposError(f"format={format!r} is a Hiera checkpoint; it cannot load into ViTDet: pass format='auto' "
+                          "or a ViT format (detectron2, sam, mae, winpos)")
+    flat = unwrap_state_dict(obj, source="checkpoint")
+    outside = []
+    if format in ("auto", "winpos"):
+        prefix = _winpos_trunk_prefix(flat, is_vit)
+        if prefix:
+            outside = [k for k in flat if not k.startswith(prefix)]
+            flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+    if is_hiera:
+        from winpos.checkpoints.hiera import convert_hiera_checkpoint
+
+        sd, report = convert_hiera_checkpoint(flat, target=model, source=format)
+    else:
+        from winpos.checkpoints.vitdet import convert_to_vitdet
+
+        sd, report = convert_to_vitdet(flat, model, source=format)
+    for k in outside:
+        report.add_unexpected(k, "outside the winpos backbone of the detector checkpoint (pyramid, heads)")
+    if not sd:
+        raise WinposError(f"none of the checkpoint's {len(flat) + len(outside)} tensors fits the target "
+                          f"{type(model).__name__} as format {report.source!r} (e.g. {sorted(flat)[:3]}); pass "
+                          "format='auto' (--format auto), or a --to preset of the checkpoint's architecture")
+    check_finite_state_dict(sd, "the converted checkpoint")
+    if strict:
+        fatal = [k for k, _ in report.missing if not any(s in k for s in ("pos_embed", "rel_pos", "rope", ".ls"))]
+        if fatal:
+            raise WinposError(f"the checkpoint lacks {len(fatal)} trunk weights of the target, e.g. {fatal[:5]}; "
+                             "it was made for another architecture or size")
+    return sd, report
+
+
+__all__ = ["FORMATS", "LoadReport", "load_checkpoint_object", "load_external", "load_state_dict_file"]

@@ -1,0 +1,67 @@
+"""``LoadReport``: what a checkpoint import did with every key, the same for every checkpoint family."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_LISTED = 20  # keys listed per outcome in ``summary()``; the counts are always complete
+
+
+@dataclass
+class LoadReport:
+    """What happened to every key of one import.
+
+    source: the checkpoint family (``"sam2"``, ``"hiera"``, ``"detectron2"``, ...).
+    target: what it was converted into, for ``summary()`` (e.g. ``"winpos ViTDet"``).
+    matched: target keys whose value was copied unchanged, from the same name once the checkpoint's container
+        prefix (``backbone.net.``, ``image_encoder.trunk.``) is removed.
+    converted: ``(target key, how)`` for exact changes: a re-layout (NHWC -> flat, cls row dropped, abs -> abs-win)
+        or, from Hiera-family checkpoints, a rename (``"renamed from '<source key>'"``; the ViTDet importers count
+        renames such as SAM's ``mlp.lin1`` -> ``mlp.fc1`` as matched).
+    reshaped: ``(target key, how)`` for values that were transformed beyond a re-layout (relpos resampling,
+        resized embeddings), some of them lossy.
+    missing: ``(target key, why)`` for parameters the checkpoint lacks; they keep their initialization.
+    unexpected: ``(source key, why)`` for checkpoint keys that were not loaded.
+    unknown: the source keys among ``unexpected`` that no rule recognised (a strict load refuses them).
+    """
+
+    source: str
+    target: str = "winpos"
+    matched: list[str] = field(default_factory=list)
+    converted: list[tuple[str, str]] = field(default_factory=list)
+    reshaped: list[tuple[str, str]] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    unexpected: list[tuple[str, str]] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+
+    def add_matched(self, key: str) -> None:
+        self.matched.append(key)
+
+    def add_converted(self, key: str, how: str) -> None:
+        self.converted.append((key, how))
+
+    def add_reshaped(self, key: str, how: str) -> None:
+        self.reshaped.append((key, how))
+
+    def add_missing(self, key: str, why: str) -> None:
+        self.missing.append((key, why))
+
+    def add_unexpected(self, key: str, why: str, known: bool = True) -> None:
+        """``known=False``: no rule recognised ``key`` (it also goes to ``unknown``)."""
+        self.unexpected.append((key, why))
+        if not known:
+            self.unknown.append(key)
+
+    def summary(self) -> str:
+        """One count line, then the reshaped, missing, converted and unexpected keys with their reasons (the values
+        that differ from the source or keep their initialization first)."""
+        lines = [f"{self.source} -> {self.target}: {len(self.matched)} matched, {len(self.converted)} converted, "
+                 f"{len(self.reshaped)} reshaped, {len(self.missing)} missing, {len(self.unexpected)} unexpected"]
+        for title, items in (("reshaped", self.reshaped), ("missing", self.missing),
+                             ("converted", self.converted), ("unexpected", self.unexpected)):
+            lines += [f"  {title} {key}: {why}" for key, why in items[:_LISTED]]
+            if len(items) > _LISTED:
+                lines.append(f"  ... and {len(items) - _LISTED} more {title}")
+        return "\n".join(lines)
+
+
+__all__ = ["LoadReport"]

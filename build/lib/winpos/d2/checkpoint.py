@@ -1,0 +1,208 @@
+"""Checkpoints for training: atomic periodic saves, safe loads, exact RNG resume, and ``train.init_checkpoint``
+from any format winpos can import.
+
+- ``WinposCheckpointer`` (a ``DetectionCheckpointer``) writes ``model_XXXXXXX.pth`` and then ``last_checkpoint``
+  through ``winpos.outputs.atomic_write``, so ``last_checkpoint`` only ever names complete files and an
+  interrupted save leaves no partial file (temp files of a killed process, possible only on systems without
+  ``O_TMPFILE``, are removed when the next checkpointer opens the folder). Every file is read with
+  ``winpos.checkpoints.io.load_checkpoint_object`` (``torch.load(weights_only=True)``, safetensors, or a
+  restricted unpickler for detectron2 ``.pkl`` files): no code in a checkpoint is ever executed.
+- ``RNGState`` is a checkpointable holding the torch / CUDA / numpy / Python RNG states, so a resumed run draws
+  the same random numbers (drop path, RPN/ROI sampling) as the uninterrupted one.
+- ``load_init_checkpoint`` loads a detector checkpoint (winpos or detectron2 names) through detectron2's loader,
+  and anything else (MAE, detectron2 ViTDet zoo, SAM, Hiera, SAM2, timm) into the backbone through
+  ``winpos.checkpoints.vitdet`` / ``winpos.checkpoints.hiera``, loading the detector parts that match by name.
+  A missing file, a file with NaN/inf weights, or one that fits nothing is refused with a ``WinposError``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import random
+from urllib.parse import parse_qs, urlparse
+
+import numpy as np
+import torch
+from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.utils import comm
+
+from winpos.backbones import HieraDet, ViTDet
+from winpos.checkpoints.io import check_finite_state_dict, load_checkpoint_object, unwrap_state_dict
+from winpos.errors import MissingInputError, WinposError
+from winpos.outputs import atomic_write, remove_stale_temps
+
+__all__ = ["WinposCheckpointer", "RNGState", "load_init_checkpoint", "split_checkpoint_url"]
+
+logger = logging.getLogger(__name__)
+
+
+def split_checkpoint_url(path: str) -> tuple[str, bool]:
+    """``"file.pth?matching_heuristics=True"`` -> ``("file.pth", True)``; other query keys are refused."""
+    parsed = urlparse(path)
+    if not parsed.query:
+        return path, False
+    query = parse_qs(parsed.query)
+    unknown = set(query) - {"matching_heuristics"}
+    if unknown:
+        raise WinposError(f"unsupported query {sorted(unknown)} in checkpoint path {path!r}; only "
+                         "'?matching_heuristics=True' is understood")
+    return parsed._replace(query="").geturl(), query["matching_heuristics"][0].lower() == "true"
+
+
+def _normalize(obj, path) -> dict:
+    """Put a loaded file into detectron2's checkpoint layout ``{"model": sd, ...}``."""
+    if not isinstance(obj, dict):
+        raise WinposError(f"checkpoint {path} holds a {type(obj).__name__}, not a dict; save a state_dict")
+    if "__author__" in obj and isinstance(obj.get("model"), dict):  # detectron2 model zoo
+        return {"model": obj["model"], "__author__": obj["__author__"], "matching_heuristics": True}
+    if isinstance(obj.get("blobs"), dict):  # Caffe2 / Detectron1
+        blobs = {k: v for k, v in obj["blobs"].items() if not k.endswith("_momentum")}
+        return {"model": blobs, "__author__": "Caffe2", "matching_heuristics": True}
+    if isinstance(obj.get("model_state"), dict):  # pycls
+        return {"model": obj["model_state"], "__author__": "pycls", "matching_heuristics": True}
+    if isinstance(obj.get("model"), dict):  # winpos / detectron2 training checkpoint
+        return dict(obj)
+    return {"model": unwrap_state_dict(obj, source=f"checkpoint {path}")}
+
+
+class WinposCheckpointer(DetectionCheckpointer):
+    """``DetectionCheckpointer`` with atomic saves and safe loads (see module docstring)."""
+
+    def __init__(self, model, save_dir: str = "", **kwargs):
+        super().__init__(model, save_dir, **kwargs)
+        if self.save_dir and self.save_to_disk and os.path.isdir(self.save_dir):
+            for p in remove_stale_temps(self.save_dir):
+                self.logger.info(f"removed {p}, left by an interrupted save")
+
+    def save(self, name: str, **kwargs) -> None:
+        if not self.save_dir or not self.save_to_disk:
+            return
+        data = {"model": self.model.state_dict()}
+        for key, obj in self.checkpointables.items():
+            data[key] = obj.state_dict()
+        data.update(kwargs)
+        basename = f"{name}.pth"
+        save_file = os.path.join(self.save_dir, basename)
+        self.logger.info(f"Saving checkpoint to {save_file}")
+        atomic_write(save_file, lambda f: torch.save(data, f), "wb")
+        self.tag_last_checkpoint(basename)
+
+    def tag_last_checkpoint(self, last_filename_basename: str) -> None:
+        atomic_write(os.path.join(self.save_dir, "last_checkpoint"), lambda f: f.write(last_filename_basename), "w")
+
+    def get_checkpoint_file(self) -> str:
+        path = super().get_checkpoint_file()
+        if path and not os.path.isfile(path):
+            raise WinposError(f"{os.path.join(self.save_dir, 'last_checkpoint')} names {path}, which does not exist; "
+                             "restore the file, or delete last_checkpoint to start over")
+        return path
+
+    def _load_file(self, filename: str) -> dict:
+        return _normalize(load_checkpoint_object(filename), filename)
+
+
+class RNGState:
+    """Checkpointable RNG states of this process (torch CPU, CUDA, numpy, Python ``random``).
+
+    In a multi-process run only rank 0's states are saved; on load every other rank derives its own stream from
+    them and its rank, so ranks stay different and the resumed run stays deterministic.
+    """
+
+    def state_dict(self) -> dict:
+        np_state = np.random.get_state()
+        state = {
+            "torch": torch.get_rng_state(),
+            "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                      "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+            "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+        }
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        n = state["numpy"]
+        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                             n["cached_gaussian"]))
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        rank = comm.get_rank()
+        if rank > 0:
+            derived = int(torch.randint(0, 2**31 - 1, (1,))) + 1_000_003 * rank
+            torch.manual_seed(derived)
+            np.random.seed(derived % 2**32)
+            random.seed(derived)
+
+
+def _winpos_net(model) -> tuple[str, torch.nn.Module]:
+    nets = [(n, m) for n, m in model.named_modules() if isinstance(m, (ViTDet, HieraDet))]
+    if len(nets) != 1:
+        raise WinposError(f"expected exactly one winpos backbone in the model to load a backbone checkpoint into, "
+                         f"found {len(nets)}: {[n for n, _ in nets]}")
+    return nets[0]
+
+
+def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_match: float = 0.9) -> str:
+    """Load ``train.init_checkpoint`` into ``checkpointer.model``; returns a one-paragraph report (also logged).
+
+    A file whose tensors mostly (``min_match``) carry the model's own names and shapes goes through detectron2's
+    loader (missing / unexpected keys logged; ``?matching_heuristics=True`` is honoured there).
+    Anything else is a backbone (or foreign detector) checkpoint: it is converted by the winpos importer of the
+    model's backbone, and the tensors whose names and shapes match the model outside the backbone (e.g. the
+    pyramid and heads of a detectron2 ViTDet zoo model) are loaded as they are.
+    Raises WinposError (a ValueError; ``MissingInputError``, also a FileNotFoundError, for a missing file) when the
+    file does not exist, holds NaN/inf weights, or nothing in it fits the model.
+    """
+    if not path:
+        return "no init_checkpoint: training from scratch"
+    model = checkpointer.model
+    model = getattr(model, "module", model)  # DDP
+    local, heuristics = split_checkpoint_url(path)
+    if not os.path.isfile(local):
+        try:
+            local = checkpointer.path_manager.get_local_path(local)
+        except Exception as e:  # noqa: BLE001 - iopath raises its own errors for unknown schemes
+            raise MissingInputError(f"checkpoint {path!r} does not exist ({type(e).__name__}); check the path given "
+                                    "as --checkpoint or train.init_checkpoint") from e
+        if not os.path.isfile(local):
+            raise MissingInputError(f"checkpoint {path!r} does not exist (cwd is {os.getcwd()}); check the path given "
+                                    "as --checkpoint or train.init_checkpoint")
+    obj = load_checkpoint_object(local)
+    checkpoint = _normalize(obj, local)
+    sd = checkpoint["model"]
+    check_finite_state_dict(sd, f"checkpoint {path}")
+    own = model.state_dict()
+    fits = {k for k, v in sd.items() if isinstance(v, torch.Tensor) and k in own and tuple(v.shape) == own[k].shape}
+    if sd and len(fits) >= min_match * len(sd):
+        if heuristics:
+            checkpoint["matching_heuristics"] = True
+        incompatible = checkpointer._load_model(checkpoint)
+        if incompatible is not None:
+            checkpointer._log_incompatible_keys(incompatible)
+        msg = f"loaded {path} as a detector checkpoint ({len(fits)}/{len(own)} model tensors by name)"
+        logger.info(msg)
+        return msg
+    from winpos.checkpoints.hiera import load_hiera_checkpoint
+    from winpos.checkpoints.vitdet import load_vitdet_weights
+
+    prefix, net = _winpos_net(model)
+    net_sd = {k[len(prefix) + 1:]: v for k, v in sd.items() if k.startswith(prefix + ".")}
+    source_sd = net_sd if net_sd and len(net_sd) >= 0.5 * len(sd) else sd
+    if isinstance(net, ViTDet):
+        report = load_vitdet_weights(net, source_sd, strict=False)
+    else:
+        report = load_hiera_checkpoint(net, source_sd, strict=False)
+    loaded = len(report.matched) + len(report.converted) + len(report.reshaped)
+    outside = {k: sd[k] for k in fits if not k.startswith(prefix + ".")}
+    if outside:
+        model.load_state_dict(outside, strict=False)
+    if loaded == 0:
+        raise WinposError(f"{path} matched no parameter of the model's backbone ({type(net).__name__}) nor the "
+                         "detector; check that it is a checkpoint of this architecture and size")
+    msg = (f"loaded {path} into the backbone via the winpos importer ({report.source}): {loaded} backbone tensors, "
+           f"plus {len(outside)} detector tensors by name\n{report.summary()}")
+    logger.info(msg)
+    return msg

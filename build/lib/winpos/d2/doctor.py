@@ -1,0 +1,51 @@
+"""The doctor (``winpos.diagnostics.doctor``) for LazyConfig files as well as presets: the config is loaded with
+winpos's strict override loader (``winpos.d2.config.load_config``: an override that names no key, or gives a value
+of the wrong type, is an error), its winpos backbone node is built on the meta device and checked.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from winpos.diagnostics.doctor import DoctorReport, build_checked, check_image_size, diagnose_backbone, diagnose_preset
+from winpos.errors import MissingInputError, WinposError, as_hw
+
+
+def diagnose(target: str, image_size: int | None = None, recipe: str | None = None, overrides=()) -> DoctorReport:
+    """``target``: a LazyConfig ``.py`` file or a preset name; ``overrides``: ``key=value`` strings (config keys for a
+    config, constructor arguments for a preset). ``image_size`` None means the model's own size; ``recipe`` None
+    means the config's own recipe, or ``"original"`` for a preset."""
+    check_image_size(image_size)
+    if not target.endswith(".py"):
+        return diagnose_preset(target, image_size, recipe or "original", overrides)
+    if not os.path.isfile(target):
+        raise MissingInputError(f"config {target} does not exist; pass a LazyConfig file such as "
+                                "configs/COCO/mask_rcnn_vitdet_b_100ep.py, or a preset name")
+    net, default_size, name = _build_from_config(target, overrides, recipe)
+    return diagnose_backbone(net, image_size or default_size, name)
+
+
+def _build_from_config(path: str, overrides=(), recipe: str | None = None):
+    """Return (winpos backbone on the meta device, default image size, name) from a LazyConfig file, with the
+    backbone's recipe replaced by ``recipe`` unless it is None."""
+    from winpos.backbones import create
+    from winpos.d2.config import load_config
+
+    cfg = load_config(path, list(overrides))
+    node = cfg.get("model", {}).get("backbone") if hasattr(cfg.get("model", None), "get") else None
+    for attr in ("net", "bottom_up"):
+        if node is not None and attr in node and hasattr(node[attr], "get") and node[attr].get("recipe") is not None:
+            node = node[attr]
+            break
+    else:
+        raise WinposError(f"{path}: no winpos backbone node (model.backbone.net or model.backbone.bottom_up with "
+                          "net= and recipe=) was found; the doctor checks winpos model configs such as "
+                          "configs/COCO/mask_rcnn_vitdet_b_100ep.py")
+    if recipe is not None:
+        node["recipe"] = recipe
+    kwargs = {k: v for k, v in node.items() if k not in ("_target_", "net", "recipe", "out_feature", "out_features",
+                                                         "norm")}
+    with torch.device("meta"):
+        net = build_checked(create, node["net"], node["recipe"], kwargs, f"{path}")
+    return net, max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"{path} ({node['net']}, recipe {node['recipe']})"

@@ -1,0 +1,318 @@
+"""Training and evaluation entry points behind ``tools/train_net.py`` (flag-compatible with detectron2's
+``tools/lazyconfig_train_net.py``).
+
+What it adds to detectron2's script: strict overrides (``winpos.d2.config``), ``train.device="auto"`` (CUDA when
+present, else CPU, and DDP over gloo on CPU), AMP on any device with bf16 or fp16 (``WinposTrainer``), gradient
+clipping, atomic checkpoints with exact resume (model, optimizer, scheduler, RNG states, and the data stream via
+``build_resumable_train_loader(start_iter=...)``), ``metrics.json`` / TensorBoard trimmed to the resumed
+iteration so they read like one uninterrupted run, ``--dataset NAME=JSON:IMAGE_ROOT`` registration in every
+process, and ``train.init_checkpoint`` in any format the winpos importers read (its load report is logged).
+
+``--eval-only`` needs weights (``train.init_checkpoint``) unless ``--random-weights`` asks for the untrained
+model. ``output_dir/config.yaml`` is written (atomically) only when training starts from scratch, after the model,
+its weights and the data loader were built: a resumed run, an evaluation or a start that fails keeps the file of
+the run that is already there.
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import logging
+import os
+
+import torch
+from detectron2.config import instantiate
+from detectron2.engine import create_ddp_model, default_argument_parser, hooks, launch
+from detectron2.evaluation import inference_on_dataset, print_csv_format
+from detectron2.utils import comm
+from detectron2.utils.events import CommonMetricPrinter, EventStorage, JSONWriter, TensorboardXWriter
+from omegaconf import OmegaConf
+
+from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpoint
+from winpos.d2.config import load_config
+from winpos.d2.data import register_coco
+from winpos.d2.train_loop import WinposTrainer
+from winpos.errors import WinposError
+from winpos.outputs import atomic_write
+
+__all__ = ["build_parser", "setup", "check_weights", "save_config",
+           "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
+           "main", "launch_main", "trim_metrics", "register_cli_datasets", "build_optimizer", "EventStorage"]
+
+logger = logging.getLogger(__name__)
+
+
+def build_parser(epilog: str | None = None):
+    """detectron2's ``default_argument_parser`` plus ``--dataset NAME=JSON:IMAGE_ROOT`` (repeatable)."""
+    parser = default_argument_parser(epilog)
+    parser.add_argument("--random-weights", action="store_true",
+                        help="with --eval-only: evaluate the untrained model on purpose (no train.init_checkpoint)")
+    parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
+                        help="register a COCO-format dataset under NAME before the config is used (repeatable); "
+                             "bad annotations are skipped and counted")
+    return parser
+
+
+def register_cli_datasets(specs) -> None:
+    """Register ``NAME=JSON:IMAGE_ROOT`` strings; a malformed spec or missing file raises ValueError."""
+    for spec in specs or ():
+        name, eq, rest = spec.partition("=")
+        json_file, colon, image_root = rest.rpartition(":") if eq else ("", "", "")
+        if not (name and json_file and colon and image_root):
+            raise WinposError(f"--dataset {spec!r} must look like NAME=path/to/instances.json:path/to/images")
+        report = register_coco(name, json_file, image_root, on_error="skip")
+        if not report.dataset.get("images") or not report.dataset.get("annotations"):
+            what = "images" if not report.dataset.get("images") else "annotations"
+            raise WinposError(f"--dataset {spec}: no usable {what} remain after dropping the bad entries ({report.summary()}); fix the json or the image "
+                              "folder")
+        if not report.ok:
+            logger.warning(f"dataset {name}: {report.summary()}")
+
+
+def resolve_device(cfg) -> str:
+    """``train.device``: ``"auto"`` -> ``"cuda"`` if available else ``"cpu"``; CUDA without a GPU is an error."""
+    device = str(OmegaConf.select(cfg, "train.device", default="auto") or "auto")
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise WinposError(f"train.device={device!r} but this machine has no usable GPU; set train.device=auto "
+                         "(or cpu) to run on the CPU")
+    return device
+
+
+def setup(args):
+    """Load the config with ``args.opts``, resolve the device, register ``args.dataset``, check that an
+    ``--eval-only`` run has weights, and set up logging (detectron2's and winpos's) and the per-rank seed, as
+    detectron2's ``default_setup`` does but without writing ``config.yaml`` (``save_config`` does, later)."""
+    register_cli_datasets(getattr(args, "dataset", None))
+    cfg = load_config(args.config_file, args.opts)
+    cfg.train.device = resolve_device(cfg)
+    check_weights(cfg, eval_only=getattr(args, "eval_only", False),
+                  random_weights=getattr(args, "random_weights", False))
+    _default_setup(cfg, args)
+    return cfg
+
+
+def check_weights(cfg, eval_only: bool, random_weights: bool = False) -> None:
+    """An evaluation without weights measures an untrained model: refuse it unless ``random_weights``."""
+    checkpoint = OmegaConf.select(cfg, "train.init_checkpoint", default="")
+    if eval_only and not checkpoint and not random_weights:
+        raise WinposError("--eval-only without weights: set train.init_checkpoint=PATH (e.g. output_dir/"
+                          "model_final.pth), or pass --random-weights to evaluate the untrained model on purpose")
+    if random_weights and checkpoint:
+        raise WinposError(f"--random-weights and train.init_checkpoint={checkpoint} were both given; drop one")
+
+
+def _default_setup(cfg, args) -> None:
+    from detectron2.utils.collect_env import collect_env_info
+    from detectron2.utils.env import seed_all_rng
+    from detectron2.utils.logger import setup_logger
+
+    output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
+    if comm.is_main_process() and output_dir:
+        os.makedirs(output_dir, exist_ok=True)
+    rank = comm.get_rank()
+    setup_logger(output_dir, distributed_rank=rank, name="fvcore")
+    d2_logger = setup_logger(output_dir, distributed_rank=rank)
+    setup_logger(output_dir, distributed_rank=rank, name="winpos")
+    d2_logger.info(f"Rank of current process: {rank}. World size: {comm.get_world_size()}")
+    d2_logger.info("Environment info:\n" + collect_env_info())
+    d2_logger.info("Command line arguments: " + str(args))
+    seed = OmegaConf.select(cfg, "train.seed", default=-1)
+    seed_all_rng(None if seed is None or seed < 0 else seed + rank)
+    if not getattr(args, "eval_only", False):
+        torch.backends.cudnn.benchmark = bool(OmegaConf.select(cfg, "train.cudnn_benchmark", default=False))
+
+
+def save_config(cfg, resume: bool = False) -> str | None:
+    """Write ``output_dir/config.yaml`` atomically (main process), except on a resume that finds one there.
+    Returns the path written, or None."""
+    output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
+    if not output_dir or not comm.is_main_process():
+        return None
+    path = os.path.join(output_dir, "config.yaml")
+    if resume and os.path.isfile(path):
+        logger.info(f"resuming: kept {path} of the run")
+        return None
+    import tempfile
+
+    from detectron2.config import LazyConfig
+
+    with tempfile.TemporaryDirectory(dir=output_dir, prefix=".config-") as tmp:
+        staged = os.path.join(tmp, "config.yaml")
+        LazyConfig.save(cfg, staged)
+        if not os.path.isfile(staged):  # LazyConfig.save fell back to a pickle: the config is not yaml-able
+            logger.warning("the config could not be saved as yaml; config.yaml is not written")
+            return None
+        with open(staged, "rb") as f:
+            data = f.read()
+    atomic_write(path, lambda f: f.write(data), "wb")
+    logger.info(f"Full config saved to {path}")
+    return path
+
+
+def build_model(cfg):
+    model = instantiate(cfg.model)
+    model.to(cfg.train.device)
+    logger.info(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters")
+    return model
+
+
+def _ddp(model, cfg):
+    ddp_cfg = dict(OmegaConf.to_container(cfg.train.get("ddp", {}), resolve=True))
+    if cfg.train.device == "cpu":
+        ddp_cfg["device_ids"] = None  # a CPU module takes no device ids
+        if ddp_cfg.pop("fp16_compression", False):
+            logger.info("train.ddp.fp16_compression ignored on CPU (gloo)")
+    return create_ddp_model(model, **ddp_cfg)
+
+
+def build_train_loader(cfg, start_iter: int = 0):
+    """Instantiate ``dataloader.train``, passing ``start_iter`` when its target accepts it (winpos' resumable
+    loader does); other loaders restart their stream on resume, which is logged."""
+    loader_cfg = cfg.dataloader.train
+    target = loader_cfg._target_
+    if isinstance(target, str):
+        from pydoc import locate
+
+        target = locate(target)
+    if "start_iter" in inspect.signature(target).parameters:
+        loader_cfg.start_iter = start_iter
+    elif start_iter:
+        logger.warning(f"{target} takes no start_iter: the data stream restarts at resume (use "
+                       "winpos.d2.data.build_resumable_train_loader for an exact resume)")
+    return instantiate(loader_cfg)
+
+
+def _evaluator_cfg(cfg):
+    ev = cfg.dataloader.evaluator
+    if "output_dir" not in ev or ev.output_dir is None:
+        ev.output_dir = os.path.join(cfg.train.output_dir, "inference")
+    return ev
+
+
+def do_test(cfg, model, progress: bool = False) -> dict:
+    """Run ``dataloader.test`` through the model and ``dataloader.evaluator`` (COCO AP); returns the results."""
+    if "evaluator" not in cfg.dataloader:
+        return {}
+    loader = instantiate(cfg.dataloader.test)
+    evaluator = instantiate(_evaluator_cfg(cfg))
+    if progress and comm.is_main_process():
+        from tqdm import tqdm
+
+        loader = tqdm(loader, desc="inference", total=len(loader))
+    amp = bool(OmegaConf.select(cfg, "train.amp.eval", default=False))
+    device_type = cfg.train.device.split(":")[0]
+    dtype = torch.float16 if OmegaConf.select(cfg, "train.amp.precision", default="bf16") == "fp16" else torch.bfloat16
+    with torch.autocast(device_type, dtype=dtype, enabled=amp):
+        results = inference_on_dataset(model, loader, evaluator)
+    if comm.is_main_process() and results:
+        print_csv_format(results)
+    return results
+
+
+def trim_metrics(path: str, start_iter: int) -> int:
+    """Drop lines of ``metrics.json`` with ``iteration >= start_iter`` (written after the checkpoint a run
+    resumes from); returns how many were dropped. Rewritten atomically."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path) as f:
+        lines = [line for line in f if line.strip()]
+    keep = []
+    for line in lines:
+        try:
+            it = json.loads(line).get("iteration", -1)
+        except json.JSONDecodeError:
+            continue  # a line cut off when the run was killed
+        if it < start_iter:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    atomic_write(path, lambda f: f.writelines(keep), "w")
+    return len(lines) - len(keep)
+
+
+class ResumableWriter(hooks.PeriodicWriter):
+    """detectron2's console / metrics.json / TensorBoard writers, created when training starts so a resumed
+    run first trims what the killed run wrote after its last checkpoint."""
+
+    def __init__(self, output_dir: str, max_iter: int, period: int = 20):
+        super().__init__([], period)
+        self._output_dir, self._max_iter = output_dir, max_iter
+
+    def before_train(self):
+        start = self.trainer.start_iter
+        metrics = os.path.join(self._output_dir, "metrics.json")
+        if start > 0 and trim_metrics(metrics, start):
+            logger.info(f"trimmed metrics.json to iterations < {start} (resumed run)")
+        tb = {"purge_step": start} if start > 0 else {}
+        self._writers = [CommonMetricPrinter(self._max_iter), JSONWriter(metrics),
+                         TensorboardXWriter(self._output_dir, **tb)]
+
+
+def build_optimizer(cfg, model):
+    """``cfg.optimizer`` instantiated for ``model``. The model goes into a copy of the node, so ``cfg`` stays plain
+    data (``config.yaml`` does not pickle the model)."""
+    opt_cfg = copy.deepcopy(cfg.optimizer)
+    opt_cfg.params.model = model
+    return instantiate(opt_cfg)
+
+
+def do_train(cfg, resume: bool = False) -> dict:
+    """Train ``cfg.model`` as configured; returns the last evaluation results (or {})."""
+    model = build_model(cfg)
+    optimizer = build_optimizer(cfg, model)
+    model = _ddp(model, cfg)
+    amp = cfg.train.get("amp", {})
+    trainer = WinposTrainer(model, None, optimizer, amp=amp.get("enabled", False),
+                            precision=amp.get("precision", "bf16"), clip_grad=cfg.train.get("clip_grad", None))
+    output_dir = cfg.train.output_dir
+    checkpointer = WinposCheckpointer(model, output_dir, trainer=trainer, rng=RNGState())
+    results = {}
+
+    def test_and_keep():
+        nonlocal results
+        results = do_test(cfg, model)
+        return results
+
+    trainer.register_hooks([
+        hooks.IterationTimer(),
+        hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+        hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if comm.is_main_process() else None,
+        hooks.EvalHook(cfg.train.eval_period, test_and_keep,
+                       eval_after_train=bool(cfg.train.get("eval_after_train", True))),
+        ResumableWriter(output_dir, cfg.train.max_iter, cfg.train.log_period) if comm.is_main_process() else None,
+    ])
+    if resume and checkpointer.has_checkpoint():
+        checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=True)
+        start_iter = trainer.iter + 1
+    else:
+        load_init_checkpoint(checkpointer, cfg.train.init_checkpoint)
+        start_iter = 0
+    if start_iter >= cfg.train.max_iter:
+        logger.info(f"checkpoint is at iteration {start_iter}, train.max_iter={cfg.train.max_iter}: nothing to do")
+        return results
+    trainer.data_loader = build_train_loader(cfg, start_iter)
+    save_config(cfg, resume=start_iter > 0)
+    trainer.train(start_iter, cfg.train.max_iter)
+    return results
+
+
+def main(args):
+    """Entry of every process: eval-only or training, per ``args`` (from ``build_parser``)."""
+    cfg = setup(args)
+    if args.eval_only:
+        model = build_model(cfg)
+        model = _ddp(model, cfg)
+        load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
+        return do_test(cfg, model)
+    return do_train(cfg, resume=args.resume)
+
+
+def launch_main(args, main_func=main):
+    """Run ``main_func(args)`` in ``args.num_gpus`` processes per machine (gloo on CPU) via detectron2's launch."""
+    if args.num_gpus < 1:
+        raise WinposError(f"--num-gpus={args.num_gpus}: need at least 1 process per machine")
+    if torch.cuda.is_available() and args.num_gpus > torch.cuda.device_count():
+        raise WinposError(f"--num-gpus={args.num_gpus} but only {torch.cuda.device_count()} GPUs are visible")
+    return launch(main_func, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
+                  dist_url=args.dist_url, args=(args,))

@@ -1,0 +1,168 @@
+"""Run a LazyConfig model on image files and draw its predictions (what ``DefaultPredictor`` + ``demo.py`` do for
+yacs configs, which detectron2 does not offer for LazyConfig). Drawings are made with PIL: detectron2's
+``Visualizer`` needs OpenCV, which winpos does not depend on.
+
+Outputs follow winpos's output policy (``winpos.outputs``): ``plan_outputs`` checks the output folder before any
+work (not the folder of an input image, no existing output file unless ``force``, writable) and gives every input
+its own drawing name (``a/x.png`` and ``b/x.png`` get ``x.png`` and ``x-2.png``); every file is written
+atomically. An image that cannot be read is skipped, counted and recorded with its error in
+``predictions.json``; the other images are still predicted."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+from detectron2.config import instantiate
+from detectron2.data import MetadataCatalog
+from detectron2.data import transforms as T
+from detectron2.data.detection_utils import read_image
+import numpy as np
+from PIL import Image, ImageDraw
+
+from winpos.d2.data import ensure_registered
+from winpos.errors import MissingInputError, WinposError
+from winpos.outputs import atomic_write, check_output_dir
+
+__all__ = ["IMAGE_EXTS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
+           "predict_images"]
+
+logger = logging.getLogger(__name__)
+IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+
+
+def list_images(inputs) -> list[Path]:
+    """Image files named by ``inputs`` (files, or folders searched non-recursively), sorted per folder."""
+    found = []
+    for item in [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs:
+        p = Path(item)
+        if p.is_dir():
+            found += sorted(f for f in p.iterdir() if f.suffix.lower() in IMAGE_EXTS)
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise MissingInputError(f"--input {p} does not exist; pass image files or folders of images")
+    if not found:
+        raise WinposError(f"--input: no images ({', '.join(IMAGE_EXTS)}) found in {list(map(str, inputs))}")
+    return found
+
+
+def drawing_names(images) -> list[str]:
+    """A distinct drawing file name per image: ``<stem>.png``, with ``-2``, ``-3``... added to later images whose
+    stem was taken (two folders holding ``x.png``, or ``x.jpg`` next to ``x.png``)."""
+    used, names = set(), []
+    for path in images:
+        stem = Path(path).stem
+        name, n = f"{stem}.png", 1
+        while name.lower() in used:
+            n += 1
+            name = f"{stem}-{n}.png"
+        used.add(name.lower())
+        names.append(name)
+    return names
+
+
+def plan_outputs(inputs, output_dir, force: bool = False) -> list[tuple[Path, Path]]:
+    """``[(image, drawing path)]`` for ``inputs`` after checking ``output_dir`` (see module docstring)."""
+    images = list_images(inputs)
+    names = drawing_names(images)
+    check_output_dir(output_dir, images, names + ["predictions.json"], force=force)
+    return [(image, Path(output_dir) / name) for image, name in zip(images, names)]
+
+
+class Predictor:
+    """``predictor(path_or_rgb_array) -> Instances`` (on CPU, in original image coordinates).
+
+    Args:
+        cfg: the LazyConfig; its ``dataloader.test.mapper`` gives the test-time resize and the image format.
+        model: the built model with weights loaded (``engine.build_model`` + ``load_init_checkpoint``).
+    """
+
+    def __init__(self, cfg, model):
+        self.model = model.eval()
+        mapper = instantiate(cfg.dataloader.test.mapper)
+        self.augmentations = T.AugmentationList(list(mapper.augmentations.augs))
+        self.image_format = mapper.image_format
+
+    @torch.no_grad()
+    def __call__(self, image):
+        if isinstance(image, (str, os.PathLike)):
+            image = read_image(str(image), format=self.image_format)
+        h, w = image.shape[:2]
+        aug = T.AugInput(image)
+        self.augmentations(aug)
+        tensor = torch.as_tensor(aug.image.transpose(2, 0, 1).copy())
+        return self.model([{"image": tensor, "height": h, "width": w}])[0]["instances"].to("cpu")
+
+
+def _color(i: int) -> tuple[int, int, int]:
+    # well-separated hues by the golden angle
+    h = (i * 0.618033988749895) % 1.0
+    r, g, b = (np.clip(np.abs((h * 6 + k) % 6 - 3) - 1, 0, 1) for k in (0, 4, 2))
+    return int(255 * r), int(255 * g), int(255 * b)
+
+
+def draw_instances(rgb: np.ndarray, instances, class_names=None, alpha: float = 0.45) -> Image.Image:
+    """``rgb (H, W, 3) uint8`` with each instance's mask tinted, its box outlined and ``class score`` written."""
+    image = Image.fromarray(rgb).convert("RGBA")
+    overlay = Image.new("RGBA", image.size, (0, 0, 0, 0))
+    draw = ImageDraw.Draw(overlay)
+    masks = instances.pred_masks.numpy() if instances.has("pred_masks") else None
+    for i in range(len(instances)):
+        cls, score = int(instances.pred_classes[i]), float(instances.scores[i])
+        color = _color(cls)
+        if masks is not None:
+            tint = Image.new("RGBA", image.size, color + (int(255 * alpha),))
+            overlay.paste(tint, (0, 0), Image.fromarray((masks[i] > 0).astype(np.uint8) * 255))
+        x0, y0, x1, y1 = instances.pred_boxes.tensor[i].tolist()
+        draw.rectangle([x0, y0, x1, y1], outline=color + (255,), width=2)
+        name = class_names[cls] if class_names and cls < len(class_names) else str(cls)
+        draw.text((x0 + 2, y0 + 1), f"{name} {score:.2f}", fill=(255, 255, 255, 255))
+    return Image.alpha_composite(image, overlay).convert("RGB")
+
+
+def _metadata(cfg):
+    names = cfg.dataloader.test.dataset.names
+    try:
+        (name,) = ensure_registered(names)
+        return MetadataCatalog.get(name)
+    except ValueError as e:
+        logger.warning(f"no class names for the drawings ({e}); classes are drawn as ids")
+        return MetadataCatalog.get("__winpos_unnamed__")
+
+
+def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, force: bool = False) -> list[dict]:
+    """Predict every image of ``inputs``; write ``output_dir/<name>.png`` drawings (masks, boxes, class and score
+    above ``score_thresh``) and ``output_dir/predictions.json``. Returns the JSON records: ``{"file", "drawing",
+    "boxes" (XYXY px), "scores", "classes"}`` per image, or ``{"file", "error"}`` for an image that could not be
+    read. The output folder is checked first (``plan_outputs``; ``force`` replaces earlier outputs)."""
+    plan = plan_outputs(inputs, output_dir, force=force)
+    predictor = Predictor(cfg, model)
+    metadata = _metadata(cfg)
+    os.makedirs(output_dir, exist_ok=True)
+    records = []
+    try:
+        for path, out in plan:
+            try:
+                rgb = read_image(str(path), format="RGB")
+                image = rgb if predictor.image_format == "RGB" else read_image(str(path),
+                                                                               format=predictor.image_format)
+            except Exception as e:  # noqa: BLE001 - PIL raises several types for unreadable or foreign files
+                logger.warning(f"skipped {path}: cannot read it as an image ({type(e).__name__}: {e})")
+                records.append({"file": str(path), "error": f"cannot read it as an image ({type(e).__name__}: {e})"})
+                continue
+            instances = predictor(image)
+            instances = instances[instances.scores >= score_thresh]
+            drawing = draw_instances(rgb, instances, metadata.get("thing_classes", None))
+            atomic_write(out, lambda f: drawing.save(f, format="PNG"), "wb")
+            records.append({"file": str(path), "drawing": str(out),
+                            "boxes": instances.pred_boxes.tensor.tolist(), "scores": instances.scores.tolist(),
+                            "classes": instances.pred_classes.tolist()})
+    finally:  # the records so far are kept even if a later image stops the run
+        atomic_write(Path(output_dir) / "predictions.json", lambda f: json.dump(records, f, indent=1), "w")
+    skipped = sum("error" in r for r in records)
+    logger.info(f"wrote {len(records) - skipped} drawings to {output_dir}" + (f"; skipped {skipped} unreadable "
+                                                                                f"images" if skipped else ""))
+    return records

@@ -1,0 +1,252 @@
+"""Shared validation helpers and the command-line error policy.
+
+Every check raises ``WinposError``, a ``ValueError`` whose message is one sentence naming the argument, the
+problem and the fix. The command-line tools run their ``main`` through ``run_cli``, which prints any such error as
+one ``error: ...`` line on stderr and exits with ``EXIT_USAGE`` (2), the status argparse also uses for bad
+arguments. A failure that is not the user's input (a full disk while writing) exits with ``EXIT_FAILED`` (1).
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import math
+import re
+import sys
+import warnings
+from typing import Callable, Iterable
+
+import torch
+
+__all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "check_choice", "check_finite", "as_hw",
+           "run_cli",
+           "ArgumentParser", "positive_int", "nonnegative_int", "finite_float", "int_list", "number_list", "seed_list", "late_flags",
+           "quiet_third_party_warnings"]
+
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+class WinposError(ValueError):
+    """Bad input to winpos: the message names the argument (or file), what is wrong with it and the fix.
+
+    A ``ValueError``, so code that already catches ``ValueError`` keeps working.
+    """
+
+
+class MissingInputError(WinposError, FileNotFoundError):
+    """An input path that does not exist: a ``WinposError`` that code catching ``FileNotFoundError`` also sees."""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""
+
+
+def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
+    """Return ``value`` if it is one of ``choices``, else raise a WinposError listing them."""
+    choices = tuple(choices)
+    if value not in choices:
+        raise WinposError(f"unknown {name}={value!r}; choose one of {', '.join(repr(c) for c in choices)}")
+    return value
+
+
+def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Raise if ``tensor`` holds NaN or inf (a corrupt or diverged embedding would otherwise spread silently)."""
+    if not torch.isfinite(tensor).all():
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise WinposError(
+            f"{name} has {bad} non-finite values (NaN/inf); the checkpoint is corrupt or training diverged: "
+            "reload the weights or re-initialize this embedding"
+        )
+    return tensor
+
+
+def _as_int(v, name: str, whole) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        if hasattr(v, "__index__") and not isinstance(v, bool):  # numpy / torch integer scalars
+            return int(v.__index__())
+        raise WinposError(f"{name}={whole!r} must be an int or a (height, width) pair of ints; pass numbers, "
+                          f"e.g. {name}=224 or {name}=(224, 320), not {type(v).__name__}")
+    return int(v)
+
+
+def as_hw(value, name: str = "size") -> tuple[int, int]:
+    """Normalize an int or a pair of ints to ``(h, w)`` of positive ints.
+
+    Strings are refused: ``"64"`` would otherwise be read character by character as the pair ``(6, 4)``.
+    """
+    if isinstance(value, (str, bytes)):
+        raise WinposError(f"{name}={value!r} is a string; pass a number, e.g. {name}=224, or a pair (224, 320)")
+    if isinstance(value, (int, float)) or hasattr(value, "__index__"):
+        hw = (_as_int(value, name, value),) * 2
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise WinposError(f"{name}={value!r} must be an int or a (height, width) pair; pass e.g. "
+                              f"{name}=224") from None
+        if len(items) != 2:
+            raise WinposError(f"{name} must be an int or a (height, width) pair, got {value!r}")
+        hw = tuple(_as_int(v, name, value) for v in items)
+    if hw[0] <= 0 or hw[1] <= 0:
+        raise WinposError(f"{name}={value!r} must be positive; an image or token grid of zero size has nothing "
+                          "to embed")
+    return hw
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# command line
+
+
+def quiet_third_party_warnings() -> None:
+    """Hide the deprecation warnings other packages print on import (``torch.jit.script`` in detectron2), which
+    every tool would otherwise print before its own output."""
+    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated", category=DeprecationWarning)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def run_cli(main: Callable[..., int | None], argv=None) -> int:
+    """Run a tool's ``main(argv)`` and turn errors into one line on stderr and an exit status.
+
+    ``WinposError`` / ``ValueError`` and missing or unusable paths are bad input: ``EXIT_USAGE`` (2). Any other
+    ``OSError`` (disk full, file size limit) happened while working: ``EXIT_FAILED`` (1). The returned status of
+    ``main`` (None meaning 0) is passed through otherwise.
+    """
+    quiet_third_party_warnings()
+    try:
+        status = main(argv)
+    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+        _print_error(e)
+        return EXIT_USAGE
+    except OSError as e:
+        _print_error(e)
+        return EXIT_FAILED
+    return 0 if status is None else int(status)
+
+
+def _print_error(e: BaseException) -> None:
+    sys.stdout.flush()
+    text = str(e) if not isinstance(e, OSError) or e.filename is None or str(e.filename) in str(e) \
+        else f"{e.strerror or e}: {e.filename}"
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) and "free" not in text:
+        text += "; free disk space (or raise the file size limit, ulimit -f) and run again"
+    # start on a fresh line: a progress bar may have left the cursor mid-line
+    print(f"\nerror: {_one_line(text)}" if _stderr_mid_line() else f"error: {_one_line(text)}", file=sys.stderr)
+
+
+def _stderr_mid_line() -> bool:
+    return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
+_OVERRIDE = re.compile(r"^\+{0,2}[A-Za-z_][\w-]*(\.[\w-]+)*=")
+
+
+def late_flags(tokens) -> list[str]:
+    """Flags (``--x``) that come after the first ``key=value`` override in ``tokens``."""
+    tokens = list(tokens)
+    first = next((i for i, t in enumerate(tokens) if _OVERRIDE.match(t) and "." in t.split("=", 1)[0]), None)
+    if first is None:
+        return []
+    return [t for t in tokens[first:] if t.startswith("-") and len(t) > 1 and not _is_number(t)]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` that says when a flag was placed after the ``key=value`` overrides (which take
+    the rest of the command line), instead of a bare "required argument" or "unrecognized argument" error."""
+
+    def parse_args(self, args=None, namespace=None):
+        self._winpos_argv = list(sys.argv[1:] if args is None else args)
+        ns = super().parse_args(args, namespace)
+        opts = getattr(ns, "opts", None) or getattr(ns, "overrides", None) or []
+        late = late_flags(opts) or [t for t in opts if isinstance(t, str) and t.startswith("--")]
+        if late:
+            self.error(_late_message(late))
+        return ns
+
+    def error(self, message):
+        late = late_flags(getattr(self, "_winpos_argv", []))
+        if late and "after the key=value overrides" not in message:
+            message = f"{message} ({_late_message(late)})"
+        super().error(message)
+
+
+def _late_message(late) -> str:
+    return (f"{', '.join(late)} comes after the key=value overrides, which take the rest of the command line; "
+            "put every flag before the overrides")
+
+
+def _int_at_least(text: str, low: int, expected: str) -> int:
+    try:
+        value = int(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be {expected}, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    return _int_at_least(text, 1, "a positive integer (at least 1)")
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0, "an integer >= 0")
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: comma-separated positive integers such as ``512,768,1024`` (at least one)."""
+    items = [s.strip() for s in str(text).split(",") if s.strip()]
+    try:
+        values = [int(s) for s in items]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 512,768,1024, got "
+                                         f"{text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers such as 512,768,1024, got "
+                                         f"{text!r}")
+    return values
+
+
+def number_list(text: str) -> list[float | int]:
+    """argparse type: comma-separated numbers such as ``2,4`` or ``1.5,2`` (at least one; whole ones as int)."""
+    try:
+        values = [float(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 2,4, got {text!r}")
+    return [int(v) if v == int(v) else v for v in values]
+
+
+def seed_list(text: str) -> list[int]:
+    """argparse type: comma-separated integer seeds such as ``0,1,2`` (at least one)."""
+    try:
+        values = [int(s) for s in str(text).split(",") if s.strip()]
+    except ValueError:
+        values = []
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integer seeds such as 0,1,2, got {text!r}")
+    return values

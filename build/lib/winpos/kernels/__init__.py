@@ -1,0 +1,29 @@
+"""Triton kernels for fused window attention (installed as ``winpos.kernels``).
+
+``window_attention(q, k, v, *, window, pos, valid_hw=None, pad_mode="zeros", scale=None)`` is the fused twin of
+``winpos.attention.reference_attention``; ``rope_grid`` is the standalone RoPE kernel (baseline). Importing this
+package is cheap and works without a GPU: it registers the ``winpos::`` custom ops and imports triton only when a
+kernel is first launched. On CPU the kernels run only under the Triton interpreter (``TRITON_INTERPRET=1`` set
+before triton is first imported; see ``_jit``).
+
+Without the ``triton`` package installed, ``window_attention`` is not exported (``from winpos.kernels import
+window_attention`` raises ImportError), so ``winpos.attention`` falls back to its reference backend.
+"""
+import importlib.util
+
+from .attention_fwd_bwd import Plan, WindowAttentionFunction, attention_flops, default_blocks
+from .rope import RopeGridFunction, rope_grid, rope_grid_reference
+
+TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
+
+if TRITON_INSTALLED:
+    from .dispatch import window_attention
+else:
+    def __getattr__(name):
+        if name == "window_attention":
+            raise ImportError("winpos.kernels.window_attention needs the `triton` package (pip install triton); "
+                              "use winpos.attention with backend='reference' meanwhile")
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = ["Plan", "RopeGridFunction", "TRITON_INSTALLED", "WindowAttentionFunction", "attention_flops",
+           "default_blocks", "rope_grid", "rope_grid_reference", "window_attention"]

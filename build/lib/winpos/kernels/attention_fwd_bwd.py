@@ -1,0 +1,272 @@
+"""Host side of fused window attention: launch plans, ``torch.library`` custom ops and the autograd Function.
+
+Ops (namespace ``winpos``; each has a fake/meta implementation so ``torch.compile`` can trace through them):
+
+* ``winpos::window_attention_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
+  -> (out, lse)``
+* ``winpos::window_attention_bwd(do, q, k, v, out, lse, cos_q, ..., tile_cls, geom, scale)
+  -> (dq, dk, dv, drel)``
+
+``geom`` is :class:`Plan` as a list of ints. ``WindowAttentionFunction`` chains them for autograd; the user
+entry point with validation and position-term preparation is ``winpos.kernels.window_attention``.
+"""
+from dataclasses import astuple, dataclass
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _jit
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Geometry and switches of one attention call (all ints, so it travels through custom ops as a list).
+
+    Windows: ``n_wh x n_ww`` per image; query window ``qwh x qww``, key window ``kwh x kww`` (global attention:
+    one window = the grid); ``pool``: query pooling stride. Padding mask (``pad_mask=1``): queries inside
+    ``qvh x qvw`` and keys inside ``kvh x kvw`` (grid tokens) are valid. RoPE: ``rot_dims`` (0 = off), ``half``
+    pairing flag. Tiles: ``block_m`` queries x ``block_n`` keys (LookHere tile classes are per these blocks).
+    """
+
+    n_wh: int
+    n_ww: int
+    qwh: int
+    qww: int
+    kwh: int
+    kww: int
+    pool: int
+    qvh: int
+    qvw: int
+    kvh: int
+    kvw: int
+    pad_mask: int
+    rot_dims: int
+    half: int
+    block_m: int
+    block_n: int
+
+    def as_list(self) -> list[int]:
+        return [int(x) for x in astuple(self)]
+
+    @property
+    def n_qt(self) -> int:
+        return -(-self.qwh * self.qww // self.block_m)
+
+    @property
+    def n_kt(self) -> int:
+        return -(-self.kwh * self.kww // self.block_n)
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, 1 << (int(n) - 1).bit_length())
+
+
+def default_blocks(head_dim: int) -> tuple[int, int]:
+    """(block_m, block_n): 64 x 64 up to head_dim 64, 64 x 32 above (register pressure of 128-wide tiles).
+    Not autotuned: LookHere tile classes are cached per block shape."""
+    return (64, 64) if head_dim <= 64 else (64, 32)
+
+
+def _table_strides(t: Optional[Tensor]) -> tuple[int, int]:
+    """(head stride, row stride) of a ``(N, R/2)`` or ``(heads|1, N, R/2)`` table; 0 head stride when shared."""
+    if t is None:
+        return 0, 0
+    if t.dim() == 2:
+        return 0, t.stride(0)
+    return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
+
+
+def check_window_offsets(name: str, t: Tensor, window: tuple) -> None:
+    """The kernels address tokens inside a window with int32 offsets from the window's corner (the corner itself
+    is int64): refuse tensors whose window spans 2**31 elements or more."""
+    span = (window[0] - 1) * t.stride(1) + (window[1] - 1) * t.stride(2) + t.stride(3) * (t.shape[3] - 1) + t.shape[4]
+    if span >= 2**31:
+        raise ValueError(f"{name} {tuple(t.shape)} with strides {t.stride()} spans {span} elements inside one "
+                         f"{window[0]}x{window[1]} window, beyond the kernels' int32 in-window offsets; use "
+                         "windows, a smaller global grid, or backend='reference'")
+
+
+def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan: Plan, scale: float):
+    """Keyword arguments shared by the three attention kernels."""
+    for name, t, win in (("q", q, (plan.qwh, plan.qww)), ("k", k, (plan.kwh, plan.kww)),
+                         ("v", v, (plan.kwh, plan.kww))):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous head dim (stride 1), got strides {t.stride()}; "
+                             "window_attention makes that copy for you")
+        check_window_offsets(name, t, win)
+    if rel is not None and not rel.is_contiguous():
+        raise ValueError("the packed relpos terms must be contiguous (drel is written with the same strides)")
+    dummy = lse  # never dereferenced: the matching constexpr flag is off
+    head_dim = q.shape[-1]
+    fp32 = q.dtype == torch.float32
+    cq_n, cq_t = _table_strides(cos_q)
+    ck_n, ck_t = _table_strides(cos_k)
+    rel_strides = rel.stride()[:4] if rel is not None else (0, 0, 0, 0)
+    args = dict(
+        Q=q, K=k, V=v, LSE=lse,
+        sq_b=q.stride(0), sq_h=q.stride(1), sq_w=q.stride(2), sq_n=q.stride(3),
+        sk_b=k.stride(0), sk_h=k.stride(1), sk_w=k.stride(2), sk_n=k.stride(3),
+        sv_b=v.stride(0), sv_h=v.stride(1), sv_w=v.stride(2), sv_n=v.stride(3),
+        sl_b=lse.stride(0), sl_h=lse.stride(1), sl_w=lse.stride(2),
+        COSQ=cos_q if cos_q is not None else dummy, SINQ=sin_q if sin_q is not None else dummy,
+        COSK=cos_k if cos_k is not None else dummy, SINK=sin_k if sin_k is not None else dummy,
+        cq_n=cq_n, cq_t=cq_t, ck_n=ck_n, ck_t=ck_t,
+        REL=rel if rel is not None else dummy,
+        sr_b=rel_strides[0], sr_h=rel_strides[1], sr_w=rel_strides[2], sr_n=rel_strides[3],
+        FOV=fov if fov is not None else dummy, SLOPE=slopes if slopes is not None else dummy,
+        CLS=tile_cls if tile_cls is not None else dummy, n_qt=plan.n_qt, n_kt=plan.n_kt,
+        n_win=plan.n_wh * plan.n_ww, n_ww=plan.n_ww, QWH=plan.qwh, QWW=plan.qww, KWH=plan.kwh, KWW=plan.kww,
+        POOL=plan.pool, QVH=plan.qvh, QVW=plan.qvw, KVH=plan.kvh, KVW=plan.kvw,
+        qk_scale=float(scale) * LOG2E,
+        HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        ROT=plan.rot_dims, HALF=bool(plan.half), HAS_ROPE=cos_q is not None, HAS_REL=rel is not None,
+        KH_P=_pow2(plan.kwh), KW_P=_pow2(plan.kww), HAS_LH=fov is not None, PAD_MASK=bool(plan.pad_mask),
+        KV_SAME=k.stride()[:4] == v.stride()[:4],  # v rows reuse k's offsets (qkv views, or both contiguous)
+        # fp32 inputs: exact fp32 dots (the GPU default would be tf32, ~1e-3 relative error).
+        PRECISION="ieee" if fp32 else "tf32",
+    )
+    return args
+
+
+def _launch_options(args: dict, backward: bool) -> dict:
+    """num_warps/num_stages. Not tuned on a GPU yet; chosen from ptxas register reports for sm_90
+    (``tests/kernels/aot_compile.py``): 4 warps keep the plain kernels spill-free; the backward passes with position
+    terms or 128-wide head tiles hold more live tiles (rotation tables, relpos terms and their gradients) and
+    spill less with 8."""
+    heavy = args["HAS_ROPE"] or args["HAS_REL"] or args["HAS_LH"] or args["BLOCK_D"] > 64
+    return dict(num_warps=8 if backward and heavy else 4, num_stages=2)
+
+
+def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
+    _jit.check_launchable(q, k, v)
+    kern = _jit.load("tl_attention")
+    plan = Plan(*geom)
+    B, Hq, Wq, heads, _ = q.shape
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Wq, heads), dtype=torch.float32, device=q.device)
+    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale)
+    grid = (B * plan.n_wh * plan.n_ww, plan.n_qt, heads)
+    _jit.launch(kern.attn_fwd, grid, O=out, so_b=out.stride(0), so_h=out.stride(1), so_w=out.stride(2),
+                so_n=out.stride(3), **args, **_launch_options(args, backward=False))
+    return out, lse
+
+
+def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
+    _jit.check_launchable(do, q, k, v)
+    kern = _jit.load("tl_attention")
+    plan = Plan(*geom)
+    B, Hq, Wq, heads, _ = q.shape
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    check_window_offsets("grad_output", do, (plan.qwh, plan.qww))
+    delta = (out.float() * do.float()).sum(-1).contiguous()  # (B, Hq, Wq, heads), lse's layout
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    drel = torch.empty_like(rel, memory_format=torch.contiguous_format) if rel is not None else q.new_empty(0)
+    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale)
+    args.update(DO=do, DELTA=delta, sdo_b=do.stride(0), sdo_h=do.stride(1), sdo_w=do.stride(2), sdo_n=do.stride(3),
+                scale=float(scale))
+    groups = B * plan.n_wh * plan.n_ww
+    _jit.launch(
+        kern.attn_bwd_dq, (groups, plan.n_qt, heads), DQ=dq, DREL=drel if rel is not None else lse,
+        sdq_b=dq.stride(0), sdq_h=dq.stride(1), sdq_w=dq.stride(2), sdq_n=dq.stride(3),
+        REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **args, **_launch_options(args, True))
+    _jit.launch(
+        kern.attn_bwd_dkdv, (groups, plan.n_kt, heads), DK=dk, DV=dv,
+        sdk_b=dk.stride(0), sdk_h=dk.stride(1), sdk_w=dk.stride(2), sdk_n=dk.stride(3), **args,
+        **_launch_options(args, True))
+    return dq, dk, dv, drel
+
+
+@torch.library.custom_op("winpos::window_attention_fwd", mutates_args=())
+def window_attention_fwd(
+    q: Tensor, k: Tensor, v: Tensor, cos_q: Optional[Tensor], sin_q: Optional[Tensor], cos_k: Optional[Tensor],
+    sin_k: Optional[Tensor], rel: Optional[Tensor], fov: Optional[Tensor], slopes: Optional[Tensor],
+    tile_cls: Optional[Tensor], geom: list[int], scale: float,
+) -> tuple[Tensor, Tensor]:
+    """Forward kernel: ``out (B, Hq, Wq, heads, D)`` in q's dtype and base-2 ``lse (B, Hq, Wq, heads)`` fp32."""
+    return _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
+
+
+@window_attention_fwd.register_fake
+def _(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:4], dtype=torch.float32)
+
+
+@torch.library.custom_op("winpos::window_attention_bwd", mutates_args=())
+def window_attention_bwd(
+    do: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, cos_q: Optional[Tensor],
+    sin_q: Optional[Tensor], cos_k: Optional[Tensor], sin_k: Optional[Tensor], rel: Optional[Tensor],
+    fov: Optional[Tensor], slopes: Optional[Tensor], tile_cls: Optional[Tensor], geom: list[int], scale: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Backward kernels: ``dq, dk, dv`` (unrotated when RoPE is fused) and ``drel`` (empty without relpos)."""
+    return _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
+
+
+@window_attention_bwd.register_fake
+def _(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
+    drel = rel.new_empty(rel.shape) if rel is not None else q.new_empty(0)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
+
+
+def _attention_backward(saved, geom, scale, do, rel_needs_grad):
+    q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls = saved
+    dq, dk, dv, drel = torch.ops.winpos.window_attention_bwd(
+        do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
+    return dq, dk, dv, (drel if rel is not None and rel_needs_grad else None)
+
+
+def _setup_fwd_op(ctx, inputs, output):
+    q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls)
+    ctx.geom, ctx.scale = geom, scale
+
+
+def _backward_fwd_op(ctx, do, _dlse):
+    dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, True)
+    return dq, dk, dv, None, None, None, None, drel, None, None, None, None, None
+
+
+# The op itself is differentiable (opcheck, torch.compile); only out has a gradient, lse is an auxiliary output.
+window_attention_fwd.register_autograd(_backward_fwd_op, setup_context=_setup_fwd_op)
+
+
+class WindowAttentionFunction(torch.autograd.Function):
+    """Differentiable fused window attention over prepared inputs (the eager entry used by ``window_attention``).
+
+    ``apply(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls, geom, scale) -> out``: gradients
+    flow to q, k, v and to the packed relpos terms ``rel``; the RoPE tables, LookHere buffers and tile classes are
+    constants here (learnable RoPE is rotated outside, see ``winpos.kernels.window_attention``).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls, geom, scale):
+        with torch.no_grad():
+            out, lse = torch.ops.winpos.window_attention_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
+                                                             tile_cls, geom, scale)
+        ctx.save_for_backward(q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls)
+        ctx.geom, ctx.scale = geom, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, do):
+        dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3])
+        return dq, dk, dv, drel, *([None] * 9)
+
+
+def attention_flops(plan: Plan, batch: int, heads: int, head_dim: int, backward: bool = False) -> float:
+    """Matmul FLOPs by the FlashAttention convention: ``2 * Nq * Nk * D`` per matmul, 2 matmuls forward and 5
+    more backward (fwd+bwd = 7), every key of the window counted (skipped LookHere tiles are not subtracted)."""
+    per = 2.0 * plan.qwh * plan.qww * plan.kwh * plan.kww * head_dim
+    groups = batch * plan.n_wh * plan.n_ww * heads
+    return groups * per * (7 if backward else 2)
+
+
+__all__ = ["Plan", "WindowAttentionFunction", "attention_flops", "default_blocks", "window_attention_bwd",
+           "window_attention_fwd"]

@@ -1,0 +1,192 @@
+"""``window_attention``: the fused-kernel twin of ``winpos.attention.reference_attention`` (same arguments, same
+semantics, same ``(B, Hq, Wq, heads, D)`` result).
+
+Position terms arrive as a ``PositionTerms``-like object (duck-typed: ``rope``, ``rel_pos``, ``lookhere``
+attributes) and are turned into small kernel inputs here:
+
+* RoPE: ``rope.tables(q_window, k_window)`` -> fp32 cos/sin, rotated in-kernel on load (backward rotates dq, dk
+  by -theta). When a table requires grad (learnable mixed RoPE) or relpos is also present (its per-query terms
+  need the rotated q), q and k are rotated *outside* the kernel with the differentiable PyTorch grid op and the
+  kernel runs without RoPE: the kernel returns gradients for the rotated q, k and autograd carries them to the
+  frequencies.
+* Relpos: ``rel_h = q . Rh``, ``rel_w = q . Rw`` by an einsum on the grid (no partition), packed as
+  ``(B, Hq, Wq, heads, kh + kw)``; the bias tile is built in-kernel and its gradient reduced in the dQ pass.
+* LookHere: ``fov``/``slopes`` buffers plus ``tile_classes(q_window, k_window, block_m, block_n)`` (cached by the
+  module per grid) so empty key tiles are skipped.
+"""
+from __future__ import annotations
+
+import torch
+
+from .attention_fwd_bwd import Plan, WindowAttentionFunction, default_blocks
+from .rope import rope_grid_reference
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
+PAD_MODES = ("zeros", "mask")
+
+
+def _check_qkv(q, k, v) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 5:
+            raise ValueError(f"window_attention expects {name} on the token grid as (B, H, W, heads, head_dim), got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if k.shape != v.shape or q.shape[0] != k.shape[0] or q.shape[3:] != k.shape[3:]:
+        raise ValueError(f"q, k, v disagree on batch, heads or head_dim (or k and v on the grid): {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}; v must have k's shape")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device}); move them together")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in DTYPES:
+        raise ValueError(f"q, k, v must share one dtype among float16, bfloat16, float32; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype} (use backend='reference' for float64)")
+    head_dim = q.shape[-1]
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"head_dim={head_dim} is not supported by the Triton kernels ({MIN_HEAD_DIM}..{MAX_HEAD_DIM}, "
+                         "padded to a power of two inside); use backend='reference'")
+    if min(q.shape) == 0 or min(k.shape) == 0:
+        raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
+
+
+def _geometry(q_hw, k_hw, window):
+    """(n_wh, n_ww, q window (h, w), k window (h, w), pool stride); same rules as the reference."""
+    (Hq, Wq), (Hk, Wk) = q_hw, k_hw
+    if Hk % Hq or Wk % Wq or Hk // Hq != Wk // Wq:
+        raise ValueError(f"query grid {Hq}x{Wq} must be the key grid {Hk}x{Wk} pooled by one integer stride "
+                         "(Hiera q-pooling)")
+    pool = Hk // Hq
+    if window is None or window == 0:
+        return 1, 1, (Hq, Wq), (Hk, Wk), pool
+    if not isinstance(window, int) or window < 0:
+        raise ValueError(f"window={window!r} must be a positive int, or None/0 for global attention")
+    if window % pool:
+        raise ValueError(f"window {window} is not divisible by the query pooling stride {pool}")
+    if Hk % window or Wk % window:
+        raise ValueError(f"window_size={window} does not tile the {Hk}x{Wk} token grid; pad the grid with "
+                         "winpos.windows.pad_to_window first (the backbones do) or choose a window that divides it")
+    qw = window // pool
+    return Hk // window, Wk // window, (qw, qw), (window, window), pool
+
+
+def _padding(pad_mode, valid_hw, k_hw, pool):
+    """(pad_mask, qvh, qvw, kvh, kvw)."""
+    if pad_mode not in PAD_MODES:
+        raise ValueError(f"unknown pad_mode={pad_mode!r}; choose 'zeros' or 'mask'")
+    Hk, Wk = k_hw
+    if pad_mode != "mask" or not valid_hw:
+        return 0, Hk // pool, Wk // pool, Hk, Wk
+    H, W = (int(valid_hw[0]), int(valid_hw[1]))
+    if not (0 < H <= Hk and 0 < W <= Wk):
+        raise ValueError(f"valid_hw={tuple(valid_hw)} must lie inside the padded {Hk}x{Wk} key grid")
+    if (H, W) == (Hk, Wk):
+        return 0, Hk // pool, Wk // pool, Hk, Wk
+    return 1, -(-H // pool), -(-W // pool), H, W
+
+
+def _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside):
+    """Fused tables (cos_q, sin_q, cos_k, sin_k, rot_dims, half) or rotated (q, k) when rotating outside."""
+    t = rope.tables(q_win, k_win)
+    head_dim = q.shape[-1]
+    if t.pairing not in ("half", "interleaved"):
+        raise ValueError(f"RoPE pairing {t.pairing!r} is not supported; use 'half' or 'interleaved'")
+    for name, tab, n in (("q", t.cos_q, q_win[0] * q_win[1]), ("k", t.cos_k, k_win[0] * k_win[1])):
+        good = tab.shape[-2:] == (n, t.rot_dims // 2) and (tab.dim() == 2 or tab.shape[0] in (1, heads))
+        if not good or t.rot_dims % 2 or t.rot_dims > head_dim:
+            raise ValueError(f"RoPE {name} table {tuple(tab.shape)} does not fit {n} window tokens, {heads} heads, "
+                             f"rot_dims={t.rot_dims} <= head_dim={head_dim}; build the RoPE for this attention")
+        if tab.device != q.device:
+            raise ValueError(f"RoPE tables are on {tab.device} but q is on {q.device}; move the RoPE module too")
+    learnable = torch.is_grad_enabled() and any(x.requires_grad for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
+    if rotate_outside or learnable:
+        q = rope_grid_reference(q, t.cos_q, t.sin_q, t.rot_dims, t.pairing, q_win)
+        k = rope_grid_reference(k, t.cos_k, t.sin_k, t.rot_dims, t.pairing, k_win)
+        return None, q, k
+    tabs = tuple(x.detach().float().contiguous() for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
+    return (*tabs, t.rot_dims, t.pairing == "half"), q, k
+
+
+def _rel_inputs(rel_pos, q, q_win, k_win):
+    """Packed ``[rel_h | rel_w]`` ``(B, Hq, Wq, heads, kh + kw)`` from the grid queries (no partition copy)."""
+    from winpos.posemb.relpos import rel_lookup  # lower layer (pure posemb helpers); imported lazily
+
+    rel_pos_h, rel_pos_w = rel_pos
+    D = q.shape[-1]
+    for name, table in (("rel_pos_h", rel_pos_h), ("rel_pos_w", rel_pos_w)):
+        if table.dim() != 2 or table.shape[-1] != D:
+            raise ValueError(f"{name} has shape {tuple(table.shape)}; expected (2*extent-1, head_dim={D})")
+        if table.device != q.device:
+            raise ValueError(f"{name} is on {table.device} but q is on {q.device}; move the model to one device")
+    Rh = rel_lookup(rel_pos_h, q_win[0], k_win[0]).to(q.dtype)  # (qwh, kwh, D)
+    Rw = rel_lookup(rel_pos_w, q_win[1], k_win[1]).to(q.dtype)  # (qww, kww, D)
+    B, Hq, Wq, heads, _ = q.shape
+    qv = q.reshape(B, Hq // q_win[0], q_win[0], Wq // q_win[1], q_win[1], heads, D)
+    rel_h = torch.einsum("bYyXxnc,yac->bYyXxna", qv, Rh)
+    rel_w = torch.einsum("bYyXxnc,xac->bYyXxna", qv, Rw)
+    return torch.cat([rel_h, rel_w], dim=-1).reshape(B, Hq, Wq, heads, k_win[0] + k_win[1])
+
+
+def _lookhere_inputs(lh, q_win, k_win, heads, blocks, device):
+    fov, slopes = lh.fov, lh.slopes
+    if fov.shape != (heads, 2, 2) or slopes.shape != (heads,):
+        raise ValueError(f"LookHere was built for {fov.shape[0]} heads (fov {tuple(fov.shape)}, slopes "
+                         f"{tuple(slopes.shape)}) but attention has {heads}; build it with num_heads={heads}")
+    if fov.device != device:
+        raise ValueError(f"LookHere buffers are on {fov.device} but q is on {device}; move the module with the model")
+    n_qt, n_kt = -(-q_win[0] * q_win[1] // blocks[0]), -(-k_win[0] * k_win[1] // blocks[1])
+    if hasattr(lh, "tile_classes"):
+        cls = lh.tile_classes(q_win, k_win, blocks[0], blocks[1])
+        if cls.shape != (heads, n_qt, n_kt):
+            raise ValueError(f"LookHere tile classes have shape {tuple(cls.shape)}, expected {(heads, n_qt, n_kt)}")
+    else:  # no exact classes available: visit every tile (correct, just no skipping)
+        cls = torch.full((heads, n_qt, n_kt), 2, dtype=torch.int8, device=device)
+    return (fov.to(torch.int32).reshape(heads, 4).contiguous(), slopes.float().contiguous(),
+            cls.to(device=device, dtype=torch.int8).contiguous())
+
+
+def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None, blocks=None):
+    """Fused window/global attention on the token grid (Triton), forward and backward.
+
+    Args:
+        q: ``(B, Hq, Wq, heads, D)`` queries (``Hq = Hk / s`` for pooled queries); any strides with the head dim
+            contiguous (otherwise a contiguous copy is made).
+        k, v: ``(B, Hk, Wk, heads, D)``; the grid must be padded to multiples of ``window``.
+        window: key window size, or None/0 for global attention (query window ``window / s``).
+        pos: ``PositionTerms``-like object with ``rope``, ``rel_pos``, ``lookhere`` (any may be None).
+        valid_hw: unpadded key grid ``(H, W)`` for ``pad_mode="mask"``.
+        pad_mode: ``"zeros"`` (padded tokens are ordinary keys) or ``"mask"`` (valid queries do not see padded keys;
+            padded queries see every key).
+        scale: logit scale, default ``D ** -0.5``.
+        blocks: ``(block_m, block_n)`` tile sizes (powers of two >= 16), default ``default_blocks(D)``.
+    Returns:
+        ``(B, Hq, Wq, heads, D)`` in q's dtype.
+
+    D may be any size in 16..128; float16/bfloat16/float32 (no bfloat16 under the CPU interpreter).
+    """
+    _check_qkv(q, k, v)
+    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+    n_wh, n_ww, q_win, k_win, pool = _geometry(q_hw, k_hw, window)
+    pad_mask, qvh, qvw, kvh, kvw = _padding(pad_mode, valid_hw, k_hw, pool)
+    B, heads, D = q.shape[0], q.shape[3], q.shape[4]
+    scale = D ** -0.5 if scale is None else float(scale)
+    blocks = tuple(blocks) if blocks is not None else default_blocks(D)
+    if len(blocks) != 2 or any(b < 16 or b & (b - 1) for b in blocks):
+        raise ValueError(f"blocks={blocks} must be two powers of two >= 16 (tl.dot needs tiles of at least 16)")
+    rope = getattr(pos, "rope", None)
+    rel_pos = getattr(pos, "rel_pos", None)
+    lookhere = getattr(pos, "lookhere", None)
+
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    tabs = None
+    if rope is not None:
+        tabs, q, k = _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside=rel_pos is not None)
+    cos_q = sin_q = cos_k = sin_k = None
+    rot_dims, half = 0, 0
+    if tabs is not None:
+        cos_q, sin_q, cos_k, sin_k, rot_dims, half = tabs
+    rel = _rel_inputs(rel_pos, q, q_win, k_win).contiguous() if rel_pos is not None else None
+    fov = slopes = cls = None
+    if lookhere is not None:
+        fov, slopes, cls = _lookhere_inputs(lookhere, q_win, k_win, heads, blocks, q.device)
+
+    plan = Plan(n_wh, n_ww, *q_win, *k_win, pool, qvh, qvw, kvh, kvw, pad_mask, rot_dims, int(half), *blocks)
+    return WindowAttentionFunction.apply(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls,
+                                         plan.as_list(), scale)

@@ -1,0 +1,299 @@
+"""Triton kernels of fused window attention: forward, dQ pass and dK/dV pass (FlashAttention-2 structure).
+
+Program grid ``(batch * windows, tiles, heads)``: axis 0 is the group (one window of one image, or the whole grid
+for global attention), axis 1 the query tile (forward, dQ) or key tile (dK/dV). Window tokens are mapped to grid
+rows in-kernel (``tl_common``), so q, k, v, o and every gradient stay in the ``(B, H, W, heads, D)`` layout.
+
+Shared arguments (see ``attention_fwd_bwd._kernel_args``):
+  Q, K, V + strides (batch, row, col, head); LSE: fp32 ``(B, Hq, Wq, heads)`` base-2 log-sum-exp;
+  COSQ/SINQ/COSK/SINK fp32 RoPE tables + (head, row) strides; REL packed ``[rel_h | rel_w]`` ``(B, Hq, Wq, heads,
+  KWH + KWW)``; FOV int32 ``(heads, 4)`` = (a0, b0, a1, b1), SLOPE fp32 ``(heads,)``, CLS int8 tile classes
+  ``(heads, n_qt, n_kt)`` (0 = skip); window geometry (``QWH x QWW`` query window, ``KWH x KWW`` key window,
+  pooling stride ``POOL``); padding extents ``QVH, QVW`` (queries) and ``KVH, KVW`` (keys) in grid tokens.
+"""
+import triton
+import triton.language as tl
+
+from .tl_common import (base_offset, load_tile, logits_tile, rel_tiles, tile_mask, token_rows, unrotate,
+                        window_origin, window_tokens)
+
+# Window geometry changes with every block shape; specializing on it (value 1, divisibility by 16) would compile
+# a new kernel per shape for no gain, so only strides and constexprs pick kernel variants.
+_GEOMETRY = ["n_qt", "n_kt", "n_win", "n_ww", "QWH", "QWW", "KWH", "KWW", "POOL", "QVH", "QVW", "KVH", "KVW"]
+
+
+@triton.jit
+def _head_fov(FOV, SLOPE, head, HAS_LH: tl.constexpr):
+    """A head's two half-planes as floats and its slope in base-2 units (zeros when LookHere is off)."""
+    a0 = 0.0
+    b0 = 0.0
+    a1 = 0.0
+    b1 = 0.0
+    slope2 = 0.0
+    if HAS_LH:
+        a0 = tl.load(FOV + head * 4 + 0).to(tl.float32)
+        b0 = tl.load(FOV + head * 4 + 1).to(tl.float32)
+        a1 = tl.load(FOV + head * 4 + 2).to(tl.float32)
+        b1 = tl.load(FOV + head * 4 + 3).to(tl.float32)
+        slope2 = tl.load(SLOPE + head).to(tl.float32) * 1.4426950408889634
+    return a0, b0, a1, b1, slope2
+
+
+@triton.jit
+def _key_tile(K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW,
+              COSK, SINK, k_tab0, ck_t, offs_d,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr, HALF: tl.constexpr,
+              HAS_ROPE: tl.constexpr, KV_SAME: tl.constexpr, PAD_MASK: tl.constexpr):
+    """Key tile ``kt`` of a window: rotated k and v ``[BLOCK_N, BLOCK_D]``, local (row, col), existence, and
+    whether each key lies in the unpadded grid (only computed under ``PAD_MASK``)."""
+    tk, kly, klx, k_valid = window_tokens(kt * BLOCK_N, BLOCK_N, KWH * KWW, KWW)
+    k_rows = token_rows(kly, klx, sk_h, sk_w)
+    k = load_tile(K + k_base, k_rows, k_valid, offs_d, HEAD_DIM, COSK, SINK, k_tab0 + tk * ck_t, ROT, HALF,
+                  HAS_ROPE)
+    if KV_SAME:
+        v_rows = k_rows
+    else:
+        v_rows = token_rows(kly, klx, sv_h, sv_w)
+    v = tl.load(V + v_base + v_rows[:, None] + offs_d[None, :], mask=tile_mask(k_valid, offs_d, HEAD_DIM),
+                other=0.0)
+    k_gvalid = k_valid
+    if PAD_MASK:
+        k_gvalid = ((ky0 + kly) < KVH) & ((kx0 + klx) < KVW)
+    return kly, klx, k_valid, k_gvalid, k, v
+
+
+@triton.jit
+def _query_tile(Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL,
+                COSQ, SINQ, q_tab0, cq_t, REL, r_base, sr_h, sr_w, KWH, KWW, offs_d,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROT: tl.constexpr, HALF: tl.constexpr,
+                HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr, KH_P: tl.constexpr, KW_P: tl.constexpr,
+                PAD_MASK: tl.constexpr):
+    """Query tile ``qt`` of a window: rotated q, local (row, col), existence, unpadded-grid validity, LookHere
+    coordinates in key units (pooled queries sit at the centre of their ``POOL x POOL`` key cell), relpos terms."""
+    tq, qly, qlx, q_valid = window_tokens(qt * BLOCK_M, BLOCK_M, QWH * QWW, QWW)
+    q = load_tile(Q + q_base, token_rows(qly, qlx, sq_h, sq_w), q_valid, offs_d, HEAD_DIM, COSQ, SINQ,
+                  q_tab0 + tq * cq_t, ROT, HALF, HAS_ROPE)
+    q_gvalid = q_valid
+    if PAD_MASK:
+        q_gvalid = ((qy0 + qly) < QVH) & ((qx0 + qlx) < QVW)
+    qy = (qly * POOL).to(tl.float32) + (POOL - 1) * 0.5
+    qx = (qlx * POOL).to(tl.float32) + (POOL - 1) * 0.5
+    rh = 0.0
+    rw = 0.0
+    if HAS_REL:
+        rh, rw = rel_tiles(REL + r_base, token_rows(qly, qlx, sr_h, sr_w), q_valid, KWH, KWW, KH_P, KW_P)
+    return tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw
+
+
+@triton.jit
+def _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w):
+    rows = token_rows(qly, qlx, sl_h, sl_w)
+    lse = tl.load(LSE + l_base + rows, mask=q_valid, other=float("inf"))
+    delta = tl.load(DELTA + l_base + rows, mask=q_valid, other=0.0)
+    return lse, delta
+
+
+@triton.jit(do_not_specialize=_GEOMETRY)
+def attn_fwd(
+    Q, K, V, O, LSE,
+    sq_b, sq_h, sq_w, sq_n, sk_b, sk_h, sk_w, sk_n, sv_b, sv_h, sv_w, sv_n, so_b, so_h, so_w, so_n,
+    sl_b, sl_h, sl_w,
+    COSQ, SINQ, COSK, SINK, cq_n, cq_t, ck_n, ck_t,
+    REL, sr_b, sr_h, sr_w, sr_n,
+    FOV, SLOPE, CLS, n_qt, n_kt,
+    n_win, n_ww, QWH, QWW, KWH, KWW, POOL, QVH, QVW, KVH, KVW,
+    qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
+    KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_g = tl.program_id(0)
+    qt = tl.program_id(1)
+    head = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    b, qy0, qx0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
+    ky0 = qy0 * POOL
+    kx0 = qx0 * POOL
+    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
+        Q, base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n), sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW,
+        POOL, COSQ, SINQ, head * cq_n, cq_t, REL, base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n), sr_h, sr_w,
+        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK)
+    a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
+    k_base = base_offset(b, ky0, kx0, head, sk_b, sk_h, sk_w, sk_n)
+    v_base = base_offset(b, ky0, kx0, head, sv_b, sv_h, sv_w, sv_n)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    for kt in range(0, n_kt):
+        visit = 1
+        if HAS_LH:
+            visit = tl.load(CLS + (head * n_qt + qt) * n_kt + kt).to(tl.int32)
+        if visit != 0:
+            kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+                K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
+                head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
+            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            # A row with every key masked so far keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - m_use[:, None])
+            alpha = tl.math.exp2(m_i - m_use)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+
+    seen = l_i > 0.0
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    o_base = base_offset(b, qy0, qx0, head, so_b, so_h, so_w, so_n)
+    tl.store(O + o_base + token_rows(qly, qlx, so_h, so_w)[:, None] + offs_d[None, :], out.to(O.dtype.element_ty),
+             mask=tile_mask(q_valid, offs_d, HEAD_DIM))
+    # +inf for a row that saw nothing makes every recomputed probability 0 in the backward passes.
+    lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))
+    l_base = base_offset(b, qy0, qx0, head, sl_b, sl_h, sl_w, 1)
+    tl.store(LSE + l_base + token_rows(qly, qlx, sl_h, sl_w), lse, mask=q_valid)
+
+
+@triton.jit(do_not_specialize=_GEOMETRY)
+def attn_bwd_dq(
+    Q, K, V, LSE, DO, DELTA, DQ, DREL,
+    sq_b, sq_h, sq_w, sq_n, sk_b, sk_h, sk_w, sk_n, sv_b, sv_h, sv_w, sv_n, sl_b, sl_h, sl_w,
+    sdo_b, sdo_h, sdo_w, sdo_n, sdq_b, sdq_h, sdq_w, sdq_n,
+    COSQ, SINQ, COSK, SINK, cq_n, cq_t, ck_n, ck_t,
+    REL, sr_b, sr_h, sr_w, sr_n,
+    FOV, SLOPE, CLS, n_qt, n_kt,
+    n_win, n_ww, QWH, QWW, KWH, KWW, POOL, QVH, QVW, KVH, KVW,
+    qk_scale, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
+    KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, REL_PRECISION: tl.constexpr,
+):
+    """dQ, and the per-query relpos gradients d rel_h, d rel_w reduced over keys right here (no atomics)."""
+    pid_g = tl.program_id(0)
+    qt = tl.program_id(1)
+    head = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    b, qy0, qx0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
+    ky0 = qy0 * POOL
+    kx0 = qx0 * POOL
+    r_base = base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n)
+    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
+        Q, base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n), sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW,
+        POOL, COSQ, SINQ, head * cq_n, cq_t, REL, r_base, sr_h, sr_w,
+        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK)
+    do_base = base_offset(b, qy0, qx0, head, sdo_b, sdo_h, sdo_w, sdo_n)
+    do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
+                 mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
+    lse, delta = _softmax_stats(LSE, DELTA, base_offset(b, qy0, qx0, head, sl_b, sl_h, sl_w, 1), qly, qlx, q_valid,
+                                sl_h, sl_w)
+    a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
+    k_base = base_offset(b, ky0, kx0, head, sk_b, sk_h, sk_w, sk_n)
+    v_base = base_offset(b, ky0, kx0, head, sv_b, sv_h, sv_w, sv_n)
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    drh = tl.zeros([BLOCK_M, KH_P], dtype=tl.float32)
+    drw = tl.zeros([BLOCK_M, KW_P], dtype=tl.float32)
+    for kt in range(0, n_kt):
+        visit = 1
+        if HAS_LH:
+            visit = tl.load(CLS + (head * n_qt + qt) * n_kt + kt).to(tl.int32)
+        if visit != 0:
+            kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+                K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
+                head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
+            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+            p = tl.math.exp2(s - lse[:, None])
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])  # gradient of the natural-unit logits
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+            if HAS_REL:
+                eh = (kly[:, None] == tl.arange(0, KH_P)[None, :]).to(tl.float32)  # [BLOCK_N, KH_P]
+                ew = (klx[:, None] == tl.arange(0, KW_P)[None, :]).to(tl.float32)
+                drh += tl.dot(ds, eh, input_precision=REL_PRECISION)
+                drw += tl.dot(ds, ew, input_precision=REL_PRECISION)
+
+    dq = dq * scale
+    if HAS_ROPE:
+        dq = unrotate(dq, COSQ, SINQ, head * cq_n + tq * cq_t, q_valid, offs_d, ROT, HALF)
+    dq_base = base_offset(b, qy0, qx0, head, sdq_b, sdq_h, sdq_w, sdq_n)
+    tl.store(DQ + dq_base + token_rows(qly, qlx, sdq_h, sdq_w)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=tile_mask(q_valid, offs_d, HEAD_DIM))
+    if HAS_REL:
+        r_rows = token_rows(qly, qlx, sr_h, sr_w)
+        oh = tl.arange(0, KH_P)
+        ow = tl.arange(0, KW_P)
+        tl.store(DREL + r_base + r_rows[:, None] + oh[None, :], drh.to(DREL.dtype.element_ty),
+                 mask=q_valid[:, None] & (oh[None, :] < KWH))
+        tl.store(DREL + r_base + r_rows[:, None] + KWH + ow[None, :], drw.to(DREL.dtype.element_ty),
+                 mask=q_valid[:, None] & (ow[None, :] < KWW))
+
+
+@triton.jit(do_not_specialize=_GEOMETRY)
+def attn_bwd_dkdv(
+    Q, K, V, LSE, DO, DELTA, DK, DV,
+    sq_b, sq_h, sq_w, sq_n, sk_b, sk_h, sk_w, sk_n, sv_b, sv_h, sv_w, sv_n, sl_b, sl_h, sl_w,
+    sdo_b, sdo_h, sdo_w, sdo_n, sdk_b, sdk_h, sdk_w, sdk_n,
+    COSQ, SINQ, COSK, SINK, cq_n, cq_t, ck_n, ck_t,
+    REL, sr_b, sr_h, sr_w, sr_n,
+    FOV, SLOPE, CLS, n_qt, n_kt,
+    n_win, n_ww, QWH, QWW, KWH, KWW, POOL, QVH, QVW, KVH, KVW,
+    qk_scale, scale,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
+    KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """dK, dV of one key tile, looping over the query tiles of its window (DK and DV share strides)."""
+    pid_g = tl.program_id(0)
+    kt = tl.program_id(1)
+    head = tl.program_id(2)
+    offs_d = tl.arange(0, BLOCK_D)
+    b, qy0, qx0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
+    ky0 = qy0 * POOL
+    kx0 = qx0 * POOL
+    k_base = base_offset(b, ky0, kx0, head, sk_b, sk_h, sk_w, sk_n)
+    kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+        K, V, k_base, base_offset(b, ky0, kx0, head, sv_b, sv_h, sv_w, sv_n), sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0,
+        KWH, KWW, KVH, KVW, COSK, SINK, head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME,
+        PAD_MASK)
+    a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
+    q_base = base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n)
+    r_base = base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n)
+    do_base = base_offset(b, qy0, qx0, head, sdo_b, sdo_h, sdo_w, sdo_n)
+    l_base = base_offset(b, qy0, qx0, head, sl_b, sl_h, sl_w, 1)
+
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    for qt in range(0, n_qt):
+        visit = 1
+        if HAS_LH:
+            visit = tl.load(CLS + (head * n_qt + qt) * n_kt + kt).to(tl.int32)
+        if visit != 0:
+            tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
+                Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL, COSQ, SINQ, head * cq_n, cq_t,
+                REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL,
+                KH_P, KW_P, PAD_MASK)
+            do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
+                 mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
+            lse, delta = _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w)
+            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+            p = tl.math.exp2(s - lse[:, None])
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+
+    dk = dk * scale
+    if HAS_ROPE:
+        tk = kt * BLOCK_N + tl.arange(0, BLOCK_N)
+        dk = unrotate(dk, COSK, SINK, head * ck_n + tk * ck_t, k_valid, offs_d, ROT, HALF)
+    out_base = base_offset(b, ky0, kx0, head, sdk_b, sdk_h, sdk_w, sdk_n)
+    out_rows = token_rows(kly, klx, sdk_h, sdk_w)
+    omask = tile_mask(k_valid, offs_d, HEAD_DIM)
+    tl.store(DK + out_base + out_rows[:, None] + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=omask)
+    tl.store(DV + out_base + out_rows[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=omask)

@@ -1,0 +1,158 @@
+"""Triton device helpers shared by the window-attention and RoPE kernels (imported through ``winpos.kernels._jit``).
+
+Conventions used by every kernel:
+
+* Tensors live on the token grid ``(B, H, W, heads, head_dim)`` with the head dim contiguous (stride 1); the
+  other four strides are kernel arguments, so views (e.g. ``qkv.unbind``) are read in place.
+* A *group* is one window of one image (or the whole grid for global attention). Program axis 0 enumerates
+  ``batch * windows``; a window's tokens are numbered row-major inside it (``t = ly * window_w + lx``), which is
+  also the row of the RoPE tables and the token order of LookHere's tile classes.
+* Logits are kept in base 2 (``s2 = z * log2(e)``) so the online softmax uses ``exp2``; every additive bias is
+  multiplied by ``log2(e)`` too (the segment-anything-fast bug was forgetting this).
+* RoPE as a per-column linear map: ``y = x * C + x[partner] * S`` where ``partner`` swaps the two dims of a pair,
+  ``C = cos`` and ``S = -sin`` on the first dim of a pair, ``+sin`` on the second (``C = 1, S = 0`` beyond R).
+  Its transpose (the backward) is ``dx = dy * C + (dy * S)[partner]``.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def window_origin(pid_g, n_win, n_ww, WH, WW):
+    """Batch index and the grid (row, col) of the top-left token of window ``pid_g % n_win``."""
+    b = pid_g // n_win
+    w = pid_g % n_win
+    return b, (w // n_ww) * WH, (w % n_ww) * WW
+
+
+@triton.jit
+def window_tokens(start, BLOCK: tl.constexpr, N, WW):
+    """Window-local token ids ``start + [0, BLOCK)``, their local (row, col) and whether they exist (< N)."""
+    t = start + tl.arange(0, BLOCK)
+    return t, t // WW, t % WW, t < N
+
+
+@triton.jit
+def base_offset(b, y0, x0, head, s_b, s_h, s_w, s_n):
+    """Element offset (int64 scalar: batch * stride can exceed 2**31) of a window's top-left token for one head."""
+    return b.to(tl.int64) * s_b + y0.to(tl.int64) * s_h + x0.to(tl.int64) * s_w + head * s_n
+
+
+@triton.jit
+def token_rows(ly, lx, s_h, s_w):
+    """int32 offsets of tokens at window-local (ly, lx) from their window's top-left token. Callers advance the
+    base pointer by the int64 ``base_offset`` first (``X + base + rows``), so per-element address math stays
+    32-bit (the host checks in-window offsets fit)."""
+    return ly * s_h + lx * s_w
+
+
+@triton.jit
+def tile_mask(valid, offs_d, HEAD_DIM: tl.constexpr):
+    """Load/store mask of a [rows, BLOCK_D] tile: rows that exist, and channels < HEAD_DIM when the head dim is
+    padded (a row-only mask otherwise, which keeps per-element predicates out of the registers)."""
+    if HEAD_DIM == offs_d.shape[0]:
+        m = valid[:, None]
+    else:
+        m = valid[:, None] & (offs_d[None, :] < HEAD_DIM)
+    return m
+
+
+@triton.jit
+def rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.constexpr):
+    """Per-element RoPE coefficients ``C, S`` ([rows, BLOCK_D] fp32) and the pair partner of each column.
+
+    ``tab_rows`` is each row's element offset into the ``(.., N, ROT/2)`` fp32 cos/sin tables.
+    """
+    HR: tl.constexpr = ROT // 2
+    if HALF:
+        first = offs_d < HR
+        partner = tl.where(first, offs_d + HR, offs_d - HR)
+        col = tl.where(first, offs_d, offs_d - HR)
+    else:
+        first = (offs_d % 2) == 0
+        partner = tl.where(first, offs_d + 1, offs_d - 1)
+        col = offs_d // 2
+    rotated = offs_d < ROT
+    partner = tl.where(rotated, partner, offs_d)
+    col = tl.where(rotated, col, 0)
+    m = valid[:, None] & rotated[None, :]
+    c = tl.load(COS + tab_rows[:, None] + col[None, :], mask=m, other=1.0)
+    s = tl.load(SIN + tab_rows[:, None] + col[None, :], mask=m, other=0.0)
+    s = tl.where(first[None, :], -s, s)
+    return c, s, partner
+
+
+@triton.jit
+def load_tile(PTR, rows, valid, offs_d, HEAD_DIM: tl.constexpr, COS, SIN, tab_rows,
+              ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr):
+    """Load a [rows, BLOCK_D] tile (zeros outside), rotated by RoPE when ``HAS_ROPE``.
+
+    The rotation runs in fp32 and rounds once to the input dtype, like ``winpos.posemb.rope.apply_rope``.
+    """
+    m = tile_mask(valid, offs_d, HEAD_DIM)
+    x = tl.load(PTR + rows[:, None] + offs_d[None, :], mask=m, other=0.0)
+    if HAS_ROPE:
+        c, s, partner = rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT, HALF)
+        xp = tl.load(PTR + rows[:, None] + partner[None, :], mask=m, other=0.0)
+        x = (x.to(tl.float32) * c + xp.to(tl.float32) * s).to(x.dtype)
+    return x
+
+
+@triton.jit
+def unrotate(g, COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.constexpr):
+    """Pull an fp32 gradient tile back through the RoPE rotation (rotation by -theta).
+
+    The partner column of a register tile is gathered with a one-hot permutation matrix in an exact fp32 dot,
+    done once per program after its main loop.
+    """
+    c, s, partner = rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT, HALF)
+    perm = (offs_d[:, None] == partner[None, :]).to(tl.float32)  # perm[d, e] = 1 iff d is e's partner
+    return g * c + tl.dot(g * s, perm, input_precision="ieee")
+
+
+@triton.jit
+def rel_tiles(REL, rel_rows, valid, KWH, KWW, KH_P: tl.constexpr, KW_P: tl.constexpr):
+    """Per-query relpos terms: ``rel_h`` [rows, KH_P] and ``rel_w`` [rows, KW_P] from the packed
+    ``(.., KWH + KWW)`` tensor (zero-padded columns)."""
+    oh = tl.arange(0, KH_P)
+    ow = tl.arange(0, KW_P)
+    rh = tl.load(REL + rel_rows[:, None] + oh[None, :], mask=valid[:, None] & (oh[None, :] < KWH), other=0.0)
+    rw = tl.load(REL + rel_rows[:, None] + KWH + ow[None, :], mask=valid[:, None] & (ow[None, :] < KWW), other=0.0)
+    return rh, rw
+
+
+@triton.jit
+def key_onehots(kly, klx, KH_P: tl.constexpr, KW_P: tl.constexpr):
+    """One-hot row and column codes of the keys of a tile, ``[KH_P, BLOCK_N]`` and ``[KW_P, BLOCK_N]`` (fp32)."""
+    eh = (kly[None, :] == tl.arange(0, KH_P)[:, None]).to(tl.float32)
+    ew = (klx[None, :] == tl.arange(0, KW_P)[:, None]).to(tl.float32)
+    return eh, ew
+
+
+@triton.jit
+def logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                a0, b0, a1, b1, slope2,
+                HAS_REL: tl.constexpr, KH_P: tl.constexpr, KW_P: tl.constexpr,
+                HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr, PRECISION: tl.constexpr):
+    """Base-2 logits ``[BLOCK_M, BLOCK_N]`` of one (query tile, key tile): ``log2(e) * (scale q.k + bias)`` with
+    ``-inf`` where a key is absent, outside the head's field of view, or padded (``PAD_MASK``, valid queries only).
+
+    Relpos: ``rel_h[:, row(key)] + rel_w[:, col(key)]`` as two dots with one-hot key codes (exact, any tile size
+    and window width). LookHere: ``-slope * |k - q|`` and the half-planes ``a dx + b dy >= 0`` with
+    ``dx = x_k - x_q``, ``dy = y_k - y_q`` (query coordinates may be half-integers under q-pooling).
+    """
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
+    if HAS_REL:
+        eh, ew = key_onehots(kly, klx, KH_P, KW_P)
+        bias = tl.dot(rh, eh.to(rh.dtype), input_precision=PRECISION)
+        bias += tl.dot(rw, ew.to(rw.dtype), input_precision=PRECISION)
+        s += bias * 1.4426950408889634
+    keep = k_valid[None, :]
+    if HAS_LH:
+        dx = klx.to(tl.float32)[None, :] - qx[:, None]
+        dy = kly.to(tl.float32)[None, :] - qy[:, None]
+        s -= slope2 * tl.sqrt(dx * dx + dy * dy)
+        keep = keep & ((a0 * dx + b0 * dy) >= 0) & ((a1 * dx + b1 * dy) >= 0)
+    if PAD_MASK:
+        keep = keep & (k_gvalid[None, :] | (q_gvalid[:, None] == 0))
+    return tl.where(keep, s, float("-inf"))

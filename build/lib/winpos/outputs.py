@@ -1,0 +1,207 @@
+"""How every winpos tool writes files: atomically, never over an input, never over an existing output unless asked.
+
+``atomic_write`` is the one writer. The data goes to a temporary file in the destination's folder, is flushed to
+disk (``fsync``) and renamed over the destination, so a reader sees the old file or the new one, never a part.
+On Linux the temporary file is anonymous (``O_TMPFILE``) until it is complete, so even a process killed with
+SIGKILL mid-write leaves nothing behind; elsewhere it is ``<name>.<pid>.tmp``, removed on any error.
+
+``check_output_file`` / ``check_output_dir`` apply the output policy before any work starts: the output must not
+be one of the inputs (or, for a folder, hold them), an existing output is refused unless ``force``, and the
+location must be writable.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+from winpos.errors import WinposError
+
+__all__ = ["atomic_write", "WriteError", "check_output_file", "check_output_dir", "same_file", "remove_stale_temps"]
+
+
+class WriteError(OSError):
+    """A write that failed (disk full, file size limit, I/O error); the destination is unchanged."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+def _anonymous_file(folder: str):
+    """A file descriptor of an unnamed file in ``folder`` (Linux ``O_TMPFILE``), or None where unsupported."""
+    flag = getattr(os, "O_TMPFILE", None)
+    if flag is None or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, flag | os.O_WRONLY, 0o666)
+    except OSError:
+        return None
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _link_anonymous(fd: int, name: str) -> None:
+    """Give the ``O_TMPFILE`` file ``fd`` the name ``name``: ``linkat`` with ``AT_SYMLINK_FOLLOW`` on its
+    ``/proc/self/fd`` entry (a directory fd makes ``os.link`` call ``linkat`` rather than ``link``, which would
+    not follow the ``/proc`` link)."""
+    root = os.open("/", os.O_RDONLY)
+    try:
+        os.link(f"/proc/self/fd/{fd}", os.path.abspath(name), src_dir_fd=root, dst_dir_fd=root,
+                follow_symlinks=True)
+    finally:
+        os.close(root)
+
+
+def atomic_write(path, write: Callable, mode: str = "wb") -> None:
+    """Write ``path`` through ``write(fileobj)`` atomically (see module docstring).
+
+    Raises ``WriteError`` (an OSError) when writing fails; the previous file at ``path``, if any, is unchanged and
+    no temporary file is left.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    linked = False
+    fd = _anonymous_file(folder)
+    try:
+        if fd is None:
+            f = open(tmp, mode)
+            linked = True
+        else:
+            f = os.fdopen(fd, mode)
+            fd = None
+        with f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+            if not linked:
+                if os.path.lexists(tmp):
+                    os.remove(tmp)  # left by an earlier process that had the same pid
+                _link_anonymous(f.fileno(), tmp)
+                linked = True
+        os.replace(tmp, path)
+        _fsync_dir(folder)
+    except BaseException as e:
+        if fd is not None:
+            os.close(fd)
+        if linked and os.path.lexists(tmp):
+            os.remove(tmp)
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):  # e.g. torch.save turns it into a RuntimeError
+            cause = cause.__context__
+        if isinstance(e, Exception) and isinstance(cause, OSError) and not isinstance(cause, WriteError):
+            e = cause
+            state = "the previous file is unchanged" if os.path.exists(path) else "nothing was written"
+            hint = "; free disk space (or raise the file size limit, ulimit -f) and run again" \
+                if e.errno in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", -1)) else ""
+            raise WriteError(e.errno, f"could not write {path} ({e.strerror or e}); {state}{hint}") from e
+        raise
+
+
+def remove_stale_temps(folder, pattern: str = "*.tmp") -> list[Path]:
+    """Remove ``<name>.<pid>.tmp`` files of ``atomic_write`` in ``folder`` whose process is gone; returns them.
+
+    Only the fallback writer (no ``O_TMPFILE``) or a kill between its last two steps can leave such a file.
+    """
+    removed = []
+    for p in Path(folder).glob(pattern):
+        stem, _, pid = p.name[:-len(".tmp")].rpartition(".")
+        if not stem or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        try:
+            p.unlink()
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name the same file (also through links), existing or not."""
+    a, b = Path(a), Path(b)
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    except OSError:
+        pass
+    return a.resolve() == b.resolve()
+
+
+def _check_writable_location(folder: Path, flag: str, what: str) -> None:
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise WinposError(f"{flag} {what}: {probe} is a file, so no folder can be made there; choose another "
+                          "location")
+    if probe.exists() and not os.access(probe, os.W_OK | os.X_OK):
+        raise WinposError(f"{flag} {what}: the folder {probe} is not writable; choose a location you can write to")
+
+
+def check_output_file(path, inputs: Iterable = (), force: bool = False, flag: str = "--output",
+                      suffixes: Iterable[str] | None = None) -> Path:
+    """Validate an output file before any work: not a folder, an accepted suffix, not one of ``inputs``, not an
+    existing file unless ``force``, and a writable location. Returns the path."""
+    out = Path(path)
+    if str(path).endswith(os.sep) or out.is_dir():
+        example = out / ("output" + next(iter(suffixes or [".pth"])))
+        raise WinposError(f"{flag} {path} is a folder; name a file inside it, e.g. {example}")
+    if suffixes is not None:
+        suffixes = tuple(suffixes)
+        if out.suffix.lower() not in suffixes:
+            close = [s for s in suffixes if s.startswith(out.suffix.lower()) or out.suffix.lower().startswith(s)]
+            hint = f" (did you mean {out.with_suffix(close[0])}?)" if close and out.suffix else ""
+            raise WinposError(f"{flag} {path} has the suffix {out.suffix or '(none)'!r}; the file type is chosen by "
+                              f"the suffix: use one of {', '.join(suffixes)}{hint}")
+    for item in inputs:
+        if same_file(out, item):
+            raise WinposError(f"{flag} {path} is the input file {item}; writing there would replace the input: "
+                              "choose another output name")
+    if out.exists() and not force:
+        raise WinposError(f"{flag} {path} already exists; pass --force to replace it, or choose another name")
+    _check_writable_location(out.parent, flag, str(path))
+    return out
+
+
+def check_output_dir(path, input_files: Iterable = (), planned: Iterable[str] = (), force: bool = False,
+                     flag: str = "--output") -> Path:
+    """Validate an output folder before any work: not a file, not the folder of any input file, none of the
+    ``planned`` file names already there unless ``force``, and writable. Returns the path."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise WinposError(f"{flag} {path} is a file, not a folder; name a new or existing folder for the outputs")
+    for item in input_files:
+        if same_file(Path(item).parent, out):
+            raise WinposError(f"{flag} {path} holds the input {item}; writing the outputs there could replace "
+                              "inputs: choose a separate output folder")
+    if out.is_dir() and not force:
+        existing = [name for name in planned if (out / name).exists()]
+        if existing:
+            raise WinposError(f"{flag} {path} already holds {len(existing)} of the output files (e.g. "
+                              f"{existing[0]}); pass --force to replace them, or choose another folder")
+    _check_writable_location(out, flag, str(path))
+    return out

@@ -1,0 +1,103 @@
+"""Decomposed relative position bias (MViTv2 / ViTDet / SAM semantics).
+
+For a query at (h, w) and a key at (h', w'), the logit gains ``q . Rh[h, h'] + q . Rw[w, w']`` where q is the
+*unscaled* query (the attention logits themselves use ``scale * q . k``). ``Rh`` and ``Rw`` are looked up from
+learned tables of length ``2 * max(q_size, k_size) - 1``, linearly resampled when the stored length differs, with
+coordinates scaled when the query and key grids differ (pooled queries).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from winpos.errors import as_hw
+
+
+def resample_rel_table(table: torch.Tensor, length: int) -> torch.Tensor:
+    """Linearly resample a ``(L, C)`` table to ``(length, C)`` (``align_corners=False``); identity when L matches."""
+    if table.dim() != 2:
+        raise ValueError(f"a relative position table must be (length, head_dim), got shape {tuple(table.shape)}")
+    if table.shape[0] == length:
+        return table
+    out = F.interpolate(table.t()[None].to(torch.promote_types(table.dtype, torch.float32)), size=length, mode="linear")
+    return out[0].t().to(table.dtype)
+
+
+def rel_index(q_size: int, k_size: int, device=None) -> torch.Tensor:
+    """Integer ``(q_size, k_size)`` index into a length ``2*max(q,k)-1`` table for each (query, key) pair."""
+    q_scale = max(k_size / q_size, 1.0)
+    k_scale = max(q_size / k_size, 1.0)
+    q = torch.arange(q_size, device=device, dtype=torch.float64)[:, None] * q_scale
+    k = torch.arange(k_size, device=device, dtype=torch.float64)[None, :] * k_scale
+    return ((q - k) + (k_size - 1) * k_scale).long()
+
+
+def rel_lookup(table: torch.Tensor, q_size: int, k_size: int) -> torch.Tensor:
+    """``(L, C) -> (q_size, k_size, C)``: the table resampled to the extent and gathered per (query, key)."""
+    length = int(2 * max(q_size, k_size) - 1)
+    return resample_rel_table(table, length)[rel_index(q_size, k_size, table.device)]
+
+
+def rel_terms(q: torch.Tensor, rel_pos_h, rel_pos_w, q_hw, k_hw) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-query bias terms of decomposed relpos.
+
+    Args:
+        q: unscaled queries ``(..., Nq, C)`` in row-major order of a ``q_hw`` grid.
+        rel_pos_h, rel_pos_w: ``(Lh, C)``, ``(Lw, C)`` learned tables.
+    Returns:
+        ``rel_h (..., Nq, kh)`` and ``rel_w (..., Nq, kw)``: the logit of key (h', w') gains
+        ``rel_h[..., n, h'] + rel_w[..., n, w']``.
+    """
+    (qh, qw), (kh, kw) = as_hw(q_hw, "q_hw"), as_hw(k_hw, "k_hw")
+    if q.shape[-2] != qh * qw:
+        raise ValueError(f"q has {q.shape[-2]} tokens but q_hw={q_hw} holds {qh * qw}")
+    if rel_pos_h.shape[-1] != q.shape[-1] or rel_pos_w.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"relpos tables have head_dim {rel_pos_h.shape[-1]}/{rel_pos_w.shape[-1]} but q has {q.shape[-1]}; "
+            "the tables must be (2*window-1, head_dim) for this attention's heads"
+        )
+    Rh = rel_lookup(rel_pos_h, qh, kh).to(q.dtype)
+    Rw = rel_lookup(rel_pos_w, qw, kw).to(q.dtype)
+    r_q = q.reshape(*q.shape[:-2], qh, qw, q.shape[-1])
+    rel_h = torch.einsum("...hwc,hkc->...hwk", r_q, Rh).flatten(-3, -2)
+    rel_w = torch.einsum("...hwc,wkc->...hwk", r_q, Rw).flatten(-3, -2)
+    return rel_h, rel_w
+
+
+def rel_bias_dense(q: torch.Tensor, rel_pos_h, rel_pos_w, q_hw, k_hw) -> torch.Tensor:
+    """Materialized ``(..., Nq, Nk)`` relpos bias (the slow path; used by the reference and by tests)."""
+    rel_h, rel_w = rel_terms(q, rel_pos_h, rel_pos_w, q_hw, k_hw)
+    kh, kw = as_hw(k_hw, "k_hw")
+    return (rel_h[..., :, None] + rel_w[..., None, :]).flatten(-2)
+
+
+def key_codes(k_hw, dtype, device) -> torch.Tensor:
+    """One-hot row and column codes of each key, ``(Nk, kh + kw)``: row-major key n=(h', w') has ones at h' and kh+w'."""
+    kh, kw = as_hw(k_hw, "k_hw")
+    rows = torch.arange(kh, device=device).repeat_interleave(kw)
+    cols = torch.arange(kw, device=device).repeat(kh)
+    codes = torch.zeros(kh * kw, kh + kw, dtype=dtype, device=device)
+    codes[torch.arange(kh * kw, device=device), rows] = 1
+    codes[torch.arange(kh * kw, device=device), kh + cols] = 1
+    return codes
+
+
+class RelPosTables(nn.Module):
+    """Learned decomposed relpos tables ``rel_pos_h``, ``rel_pos_w`` of shape ``(2*extent-1, head_dim)``.
+
+    ``extent`` is the attention extent (window size, or the global grid at the training resolution); tables are
+    resampled when a different extent is used. ``zero_init`` follows detectron2's ``rel_pos_zero_init``.
+    """
+
+    def __init__(self, head_dim: int, extent, zero_init: bool = True, init_std: float = 0.02):
+        super().__init__()
+        eh, ew = as_hw(extent, "relpos extent")
+        self.rel_pos_h = nn.Parameter(torch.zeros(2 * eh - 1, head_dim))
+        self.rel_pos_w = nn.Parameter(torch.zeros(2 * ew - 1, head_dim))
+        if not zero_init:
+            nn.init.trunc_normal_(self.rel_pos_h, std=init_std)
+            nn.init.trunc_normal_(self.rel_pos_w, std=init_std)
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rel_pos_h, self.rel_pos_w

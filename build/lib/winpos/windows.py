@@ -1,0 +1,56 @@
+"""The one padding and windowing helper shared by the reference path, the backbones and the kernels' tests.
+
+Padding policy (detectron2, SAM v1, SAM2): a grid that windows cannot tile is zero-padded at the bottom and right
+*after* ``norm1`` and before the qkv projection, so padded tokens carry q = b_q, k = b_k, v = b_v and act as real,
+unmasked keys for the valid queries of edge windows; their outputs are cropped away. ``pad_mode="mask"`` instead
+hides padded keys from valid queries (not bit-compatible with those checkpoints, but resolution-consistent).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+PAD_MODES = ("zeros", "mask")
+
+
+def padded_size(size: int, window: int) -> int:
+    return -(-size // window) * window
+
+
+def pad_to_window(x: torch.Tensor, window) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Zero-pad ``(B, H, W, C)`` at the bottom/right to multiples of ``window``; returns ``(x_pad, (H, W))``."""
+    B, H, W, C = x.shape
+    wh, ww = (window, window) if isinstance(window, int) else window
+    pad_h, pad_w = padded_size(H, wh) - H, padded_size(W, ww) - W
+    if pad_h or pad_w:
+        x = F.pad(x, (0, 0, 0, pad_w, 0, pad_h))
+    return x, (H, W)
+
+
+def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
+    """``(B, Hp, Wp, *rest) -> (B * nW, window * window, *rest)`` for a grid that windows tile exactly."""
+    B, Hp, Wp = x.shape[:3]
+    rest = x.shape[3:]
+    if Hp % window or Wp % window:
+        raise ValueError(f"window {window} does not tile the {Hp}x{Wp} grid; pad it first with pad_to_window")
+    x = x.reshape(B, Hp // window, window, Wp // window, window, *rest)
+    x = x.transpose(2, 3)
+    return x.reshape(B * (Hp // window) * (Wp // window), window * window, *rest)
+
+
+def window_unpartition(windows: torch.Tensor, window: int, grid_hw: tuple[int, int]) -> torch.Tensor:
+    """Inverse of ``window_partition``: ``(B * nW, window * window, *rest) -> (B, Hp, Wp, *rest)``."""
+    Hp, Wp = grid_hw
+    nh, nw = Hp // window, Wp // window
+    rest = windows.shape[2:]
+    B = windows.shape[0] // (nh * nw)
+    x = windows.reshape(B, nh, nw, window, window, *rest).transpose(2, 3)
+    return x.reshape(B, Hp, Wp, *rest)
+
+
+def valid_key_mask(grid_hw, valid_hw, window: int, device) -> torch.Tensor:
+    """Boolean ``(nW, window*window)``: True where the token of each window lies inside the unpadded grid."""
+    Hp, Wp = grid_hw
+    H, W = valid_hw
+    inside = (torch.arange(Hp, device=device)[:, None] < H) & (torch.arange(Wp, device=device)[None, :] < W)
+    return window_partition(inside[None, :, :, None], window)[..., 0]
