@@ -97,3 +97,18 @@ def test_both_families_register_every_size_through_the_same_builder(family):
         assert PRESETS[size].__name__ == size and PRESETS[size].__module__ == mod.__name__
     with pytest.raises(ValueError, match="unknown (ViTDet|HieraDet) arguments"):
         create(f"{family}_toy", no_such_argument=1)
+
+
+@pytest.mark.parametrize("preset,recipe", [("vitdet_toy", "original"), ("vitdet_toy", "rope"),
+                                           ("hieradet_toy", "paper"), ("hieradet_toy", "rope")])
+def test_one_position_rule_for_no_weight_decay_and_the_optimizer(preset, recipe):
+    from winpos.backbones import create
+    from winpos.backbones.common import is_position_param
+    from winpos.d2.optim import is_position_param as optimizer_rule
+
+    model = create(preset, recipe)
+    names = {n for n, _ in model.named_parameters()}
+    expected = {n for n in names if "pos_embed" in n or "rel_pos" in n or "rope" in n}
+    assert expected and model.no_weight_decay() == expected
+    assert optimizer_rule is is_position_param  # the optimizer's groups use the same function
+    assert not any(is_position_param(n) for n in names - expected)

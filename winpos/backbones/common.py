@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from winpos.attention import PositionTerms, attention, resolve_backend
 from winpos.errors import check_choice
@@ -168,3 +169,31 @@ def check_image(x: torch.Tensor, in_chans: int, stride: int, name: str) -> None:
             f"{-(-x.shape[-2] // stride) * stride}x{-(-x.shape[-1] // stride) * stride} (detectron2 adapters do this "
             "via size_divisibility)"
         )
+
+
+# ---------------------------------------------------------------------------------------- shared by both models
+# The one rule for "position parameter": token embeddings, relpos tables and learned RoPE frequencies. They take
+# no weight decay (``no_weight_decay``; ``winpos.d2.optim`` builds its parameter groups with the same rule).
+POSITION_KEYS = ("pos_embed", "rel_pos", "rope")
+
+
+def is_position_param(name: str, position_keys=POSITION_KEYS) -> bool:
+    """Whether parameter ``name`` is a position parameter (its name holds one of ``position_keys``)."""
+    return any(k in name for k in position_keys)
+
+
+class WindowedBackbone(nn.Module):
+    """What ViTDet and HieraDet share besides attention: the position-parameter rule and the block step."""
+
+    use_checkpoint: bool = False
+
+    def no_weight_decay(self) -> set[str]:
+        """Names of position parameters (token embeddings, relpos tables, learned RoPE frequencies)."""
+        return {n for n, _ in self.named_parameters() if is_position_param(n)}
+
+    def run_block(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """``blk(x)``, with activation checkpointing when ``use_checkpoint`` is set and gradients are on."""
+        if self.use_checkpoint and torch.is_grad_enabled():
+            return checkpoint(blk, x, use_reentrant=False)
+        return blk(x)
+

@@ -32,10 +32,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from winpos.backbones.common import (
-    POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, as_block_position, check_image,
+    POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import as_hw, check_choice
@@ -152,7 +151,7 @@ class HieraBlock(nn.Module):
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
-class HieraDet(nn.Module):
+class HieraDet(WindowedBackbone):
     """Hierarchical windowed backbone (Hiera / SAM2 HieraDet) returning stride 4, 8, 16, 32 features.
 
     Args:
@@ -229,10 +228,6 @@ class HieraDet(nn.Module):
         return AbsWinPosEmbed(dim, window_size, global_size, mode=mode, base_hw=base_hw or pre_hw,
                               antialias=antialias, init_std=init_std)
 
-    def no_weight_decay(self) -> set[str]:
-        """Names of position parameters (token embeddings, relpos tables, RoPE frequencies)."""
-        return {n for n, _ in self.named_parameters() if any(k in n for k in ("pos_embed", "rel_pos", "rope"))}
-
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         check_image(x, self.in_chans, 1, "HieraDet")
         x = self.patch_embed(x)  # (B, H/4, W/4, C)
@@ -240,10 +235,7 @@ class HieraDet(nn.Module):
             x = x + self.pos_embed(tuple(x.shape[1:3]))
         outputs = []
         for i, blk in enumerate(self.blocks):
-            if self.use_checkpoint and torch.is_grad_enabled():
-                x = checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
+            x = self.run_block(blk, x)
             if i == self.stage_ends[-1] or (self.return_interm_layers and i in self.stage_ends):
                 outputs.append(x.permute(0, 3, 1, 2))  # (B, H, W, C) -> (B, C, H, W)
         return outputs

@@ -26,10 +26,9 @@ import copy
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
 
 from winpos.backbones.common import (
-    POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, as_block_position, check_image,
+    POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import as_hw, check_choice
@@ -94,7 +93,7 @@ class ViTDetBlock(nn.Module):
         return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
 
 
-class ViTDet(nn.Module):
+class ViTDet(WindowedBackbone):
     """Plain ViT backbone of ViTDet with selectable position encodings.
 
     Args:
@@ -203,10 +202,6 @@ class ViTDet(nn.Module):
             nn.init.ones_(m.weight)
             nn.init.zeros_(m.bias)
 
-    def no_weight_decay(self) -> set[str]:
-        """Names of position parameters (abs / abswin embeddings, relpos tables, learned RoPE frequencies)."""
-        return {n for n, _ in self.named_parameters() if any(s in n for s in ("pos_embed", "rel_pos", "rope"))}
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, in_chans, H, W)`` with H, W multiples of 16 -> stride-16 features ``(B, embed_dim, H/16, W/16)``."""
         check_image(x, self.in_chans, self.patch_size, "ViTDet")
@@ -214,10 +209,7 @@ class ViTDet(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed((x.shape[1], x.shape[2]))
         for blk in self.blocks:
-            if self.use_checkpoint and torch.is_grad_enabled():
-                x = checkpoint(blk, x, use_reentrant=False)
-            else:
-                x = blk(x)
+            x = self.run_block(blk, x)
         return x.permute(0, 3, 1, 2)  # (B, C, H, W)
 
 

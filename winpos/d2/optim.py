@@ -24,16 +24,12 @@ import re
 import torch.nn as nn
 
 from winpos.backbones import HieraDet, ViTDet
+from winpos.backbones.common import POSITION_KEYS, is_position_param
 
 __all__ = ["POSITION_KEYS", "find_winpos_nets", "layer_ids", "get_optimizer_params", "is_position_param"]
 
-POSITION_KEYS = ("pos_embed", "rel_pos", "rope")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")
 _NORM_TYPES = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm, nn.LocalResponseNorm)
-
-
-def is_position_param(name: str, position_keys=POSITION_KEYS) -> bool:
-    return any(k in name for k in position_keys)
 
 
 def find_winpos_nets(model: nn.Module) -> dict[str, nn.Module]:
