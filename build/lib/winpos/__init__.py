@@ -1,1 +1,0 @@
-"""winpos: position encodings that work with window attention."""
