@@ -17,7 +17,6 @@ from pathlib import Path
 from winpos.errors import ArgumentParser, WinposError, positive_int, run_cli
 
 SUFFIXES = (".safetensors", ".pth", ".pt")
-FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae", "lookhere")
 POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
 
 
@@ -29,8 +28,10 @@ def build_parser():
     parser.add_argument("--output", required=True, help=f"output file ({', '.join(SUFFIXES)})")
     parser.add_argument("--to", required=True, help="winpos preset, e.g. vitdet_b or hieradet_bplus")
     parser.add_argument("--recipe", default="original", help="original | paper | rope | lookhere")
-    parser.add_argument("--format", default="auto", choices=FORMATS,
-                        help="source format (default: detect from the keys)")
+    from winpos.checkpoints.formats import FORMATS
+
+    parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
+                        help="source format (default: detect from the keys; the same names as posemb_viz --format)")
     parser.add_argument("--pos-embed", default=None, choices=POS_EMBEDS,
                         help="override the target's token embedding (e.g. abswin)")
     parser.add_argument("--img-size", type=positive_int, default=None,

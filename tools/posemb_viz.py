@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Position-embedding diagnostics.
 
-    python tools/posemb_viz.py plot CKPT [CKPT ...] [--sizes 448,1024] [--window 14] [--family auto] [--out DIR] [--pdf]
+    python tools/posemb_viz.py plot CKPT [CKPT ...] [--sizes 448,1024] [--window 14] [--format auto] [--out DIR] [--pdf]
         Loads each checkpoint safely (official Hiera, SAM2, SAM, timm, MAE, detectron2 ViTDet, winpos), extracts the
         embedding added to the tokens, and writes PNGs (channels + PCA with the window grid, period scan,
         window-by-window similarity) and report.json with every number and a verdict per size.
@@ -25,9 +25,11 @@ def main(argv=None):
     p = sub.add_parser("plot", help="measure and plot checkpoints")
     p.add_argument("checkpoints", nargs="+")
     p.add_argument("--sizes", type=int_list, default=None,
-                   help="target image sizes in px, comma separated (default: per family)")
-    p.add_argument("--window", type=positive_int, default=None, help="override the family's window size (tokens)")
-    p.add_argument("--family", default="auto")
+                   help="target image sizes in px, comma separated (default: per format)")
+    p.add_argument("--window", type=positive_int, default=None, help="override the format's window size (tokens)")
+    p.add_argument("--format", "--family", dest="format", default="auto",
+                   help="checkpoint format: auto (detected), or sam2, hiera, timm_hiera, timm_abswin, sam, mae, "
+                        "detectron2, winpos (the same names as convert_checkpoint.py --format)")
     p.add_argument("--out", default="output/posemb_viz")
     p.add_argument("--pdf", action="store_true")
     d = sub.add_parser("doctor", help="check a config or preset for the interpolation bug")
@@ -41,7 +43,7 @@ def main(argv=None):
     if args.cmd == "plot":
         from winpos.diagnostics.report import run_posemb_viz
 
-        result = run_posemb_viz(args.checkpoints, args.out, args.sizes, window=args.window, family=args.family,
+        result = run_posemb_viz(args.checkpoints, args.out, args.sizes, window=args.window, format=args.format,
                                 pdf=args.pdf)
         for ckpt in result.get("checkpoints", []):
             for emb in ckpt.get("embeddings", []):

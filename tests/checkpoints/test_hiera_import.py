@@ -7,7 +7,7 @@ from tests.conftest import require
 from tests.helpers import assert_features_close, randomize_
 from winpos.backbones.hieradet import HieraDet
 from winpos.checkpoints import LoadReport
-from winpos.checkpoints.hiera import convert_hiera_checkpoint, detect_hiera_format, load_hiera_checkpoint
+from winpos.checkpoints.hiera import convert_hiera_checkpoint, hiera_format, load_hiera_checkpoint
 from winpos.posemb.abswin import tile_to_grid
 from winpos.posemb.interp import resize_grid
 
@@ -171,11 +171,11 @@ def test_wrong_shape_names_key_expected_found(official):
 
 
 def test_formats_and_bad_checkpoints(official, sam2_trunk, tmp_path):
-    assert detect_hiera_format(official.state_dict()) == "hiera"
-    assert detect_hiera_format(sam2_trunk.state_dict()) == "sam2"
+    assert hiera_format(official.state_dict()) == "hiera"
+    assert hiera_format(sam2_trunk.state_dict()) == "sam2"
     ours = HieraDet(pos_embed="abswin", pos_global_size=7, embed_dim=16, num_heads=1, stages=(1, 1, 2, 1),
                     global_att_blocks=(3,))
-    assert detect_hiera_format(ours.state_dict()) == "winpos"
+    assert hiera_format(ours.state_dict()) == "winpos"
     sd, report = convert_hiera_checkpoint(sam2_trunk.state_dict())  # no target: keeps the source's form
     assert isinstance(report, LoadReport) and sd["pos_embed.global_embed"].shape == (1, 16, 7, 7)
     path = tmp_path / "hiera.pth"
@@ -183,8 +183,10 @@ def test_formats_and_bad_checkpoints(official, sam2_trunk, tmp_path):
     from_file, _ = convert_hiera_checkpoint(path)
     torch.testing.assert_close(from_file["pos_embed.pos_embed"], official.pos_embed.detach())
     with pytest.raises(ValueError, match="video Hiera"):
-        detect_hiera_format({"pos_embed_spatial": torch.zeros(1, 3136, 8), "blocks.0.norm1.weight": torch.zeros(8)})
-    with pytest.raises(ValueError, match="could not recognise a Hiera checkpoint"):
+        hiera_format({"pos_embed_spatial": torch.zeros(1, 3136, 8), "blocks.0.norm1.weight": torch.zeros(8)})
+    with pytest.raises(ValueError, match="could not tell the checkpoint's format"):
         convert_hiera_checkpoint({"encoder.layer.0.weight": torch.zeros(2)})
-    with pytest.raises(ValueError, match="unknown source"):
+    with pytest.raises(ValueError, match="'mae' is not a Hiera format"):
         convert_hiera_checkpoint(official.state_dict(), source="mae")
+    with pytest.raises(ValueError, match="unknown checkpoint format 'vit'"):
+        convert_hiera_checkpoint(official.state_dict(), source="vit")

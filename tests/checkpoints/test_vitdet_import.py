@@ -12,7 +12,7 @@ from tests.conftest import require
 from tests.helpers import randomize
 from winpos.backbones.vitdet import ViTDet
 from winpos.checkpoints.vitdet import (
-    convert_detectron2_vit, convert_mae_vit, convert_sam_image_encoder, detect_source, load_vitdet_checkpoint,
+    convert_detectron2_vit, convert_mae_vit, convert_sam_image_encoder, vit_format, load_vitdet_checkpoint,
     load_vitdet_weights,
 )
 
@@ -103,7 +103,7 @@ def test_sam_parity(sam_encoder):
     sd["prompt_encoder.pe_layer.positional_encoding_gaussian_matrix"] = torch.zeros(2, 128)
     ours = ViTDet(img_size=1024, global_blocks=(1,), pretrain_img_size=1024, pretrain_use_cls_token=False,
                   **TINY).eval()
-    assert detect_source(sd) == "sam"
+    assert vit_format(sd) == "sam"
     report = load_vitdet_weights(ours, sd)
     ignored = {k for k, _ in report.unexpected}
     assert ignored == {k for k in sd if ".neck." in k or k.startswith("prompt_encoder.")}
@@ -270,11 +270,11 @@ def test_strict_refuses_unknown_and_missing_trunk(d2_pair):
 
 def test_bad_containers_and_sources():
     ours = ViTDet(img_size=224, **{**TINY, "depth": 1}, global_blocks=())
-    with pytest.raises(ValueError, match="unknown checkpoint source"):
+    with pytest.raises(ValueError, match="unknown checkpoint format .timm."):
         load_vitdet_weights(ours, {"pos_embed": torch.zeros(1, 197, 32)}, source="timm")
     with pytest.raises(ValueError, match="no tensors"):
         load_vitdet_weights(ours, {"__author__": "x"})
-    with pytest.raises(ValueError, match="state dict"):
+    with pytest.raises(ValueError, match="holds a list, not a dict of tensors"):
         load_vitdet_weights(ours, [1, 2])
     with pytest.raises(ValueError, match="square grid"):
         convert_mae_vit({"pos_embed": torch.zeros(1, 200, 32)}, ours)

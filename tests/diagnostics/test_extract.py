@@ -51,7 +51,7 @@ def test_official_hiera_model_state():
     grid = periodic(8, 56, 56)
     sd = {"pos_embed": flat(grid), "patch_embed.proj.weight": torch.zeros(C, 3, 7, 7), "head.projection.weight": torch.zeros(3, C)}
     info = only(effective_embeddings({"model_state": sd}))
-    assert (info.family, info.window, info.stride, info.image_hw, info.antialias) == ("hiera", 8, 4, (224, 224), False)
+    assert (info.format, info.window, info.stride, info.image_hw, info.antialias) == ("hiera", 8, 4, (224, 224), False)
     torch.testing.assert_close(info.grid, grid, rtol=0, atol=0)
     assert window_similarity(info.grid, 8) == pytest.approx(1.0)
     assert info.abswin_source == "projection"
@@ -64,18 +64,18 @@ def test_hiera_video_spatial_and_timm_plain():
     grid = periodic(8, 56, 56, seed=1)
     sd = {"pos_embed_spatial": flat(grid), "pos_embed_temporal": torch.zeros(1, 8, C)}
     info = only(effective_embeddings({"model_state": sd}))
-    assert info.family == "hiera" and info.name == "pos_embed_spatial"
+    assert info.format == "hiera" and info.name == "pos_embed_spatial"
     torch.testing.assert_close(info.grid, grid, rtol=0, atol=0)
     timm_sd = {"pos_embed": flat(grid), "head.fc.weight": torch.zeros(3, C)}
     info = only(effective_embeddings(timm_sd))
-    assert info.family == "timm_hiera" and info.antialias
+    assert info.format == "timm_hiera" and info.antialias
 
 
 def test_timm_hiera_abswin_builds_at_native_and_other_sizes():
     g = torch.Generator().manual_seed(2)
     G, Wn = torch.randn(1, C, 16, 16, generator=g), torch.randn(1, C, 8, 8, generator=g)
     info = only(effective_embeddings({"pos_embed": G, "pos_embed_win": Wn, "head.fc.weight": torch.zeros(2, C)}))
-    assert (info.family, info.window, info.stride, info.image_hw) == ("timm_hiera_abswin", 8, 4, (256, 256))
+    assert (info.format, info.window, info.stride, info.image_hw) == ("timm_abswin", 8, 4, (256, 256))
     assert info.abswin_source == "checkpoint" and "native size assumed" in info.notes[0]
     torch.testing.assert_close(info.grid, loop_abswin(G[0], Wn[0], 64, 64, True), rtol=0, atol=1e-5)
     info = only(effective_embeddings({"pos_embed": G, "pos_embed_win": Wn}, resolution=300))
@@ -90,7 +90,7 @@ def test_sam2_checkpoint_layout_and_super_window():
              "image_encoder.neck.convs.0.conv.weight": torch.zeros(4, C, 1, 1),
              "sam_prompt_encoder.pe_layer.positional_encoding_gaussian_matrix": torch.zeros(2, 8)}
     info = only(effective_embeddings({"model": model}, resolution=256))
-    assert (info.family, info.window, info.stride, info.image_hw) == ("sam2", 8, 4, (256, 256))
+    assert (info.format, info.window, info.stride, info.image_hw) == ("sam2", 8, 4, (256, 256))
     assert info.name == "image_encoder.trunk.pos_embed"
     torch.testing.assert_close(info.grid, loop_abswin(G[0], Wn[0], 64, 64, False), rtol=0, atol=1e-5)
     info = only(effective_embeddings({"model": model}, window=56))  # SAM2's 224 px super-window
@@ -102,7 +102,7 @@ def test_sam_v1_nhwc():
     sd = {"image_encoder.pos_embed": grid.permute(1, 2, 0)[None], "image_encoder.blocks.0.attn.rel_pos_h": torch.zeros(27, 4),
           "prompt_encoder.pe_layer.positional_encoding_gaussian_matrix": torch.zeros(2, 8)}
     info = only(effective_embeddings(sd))
-    assert (info.family, info.window, info.stride, info.image_hw) == ("sam", 14, 16, (1024, 1024))
+    assert (info.format, info.window, info.stride, info.image_hw) == ("sam", 14, 16, (1024, 1024))
     torch.testing.assert_close(info.grid, grid, rtol=0, atol=0)
     assert window_similarity(info.grid, 14) == pytest.approx(1.0)
 
@@ -112,7 +112,7 @@ def test_mae_drops_cls_and_tiles_as_abswin():
     sd = {"cls_token": torch.zeros(1, 1, C), "pos_embed": flat(grid, cls=torch.full((C,), 7.0)),
           "patch_embed.proj.weight": torch.zeros(C, 3, 16, 16)}
     info = only(effective_embeddings({"model": sd}))
-    assert (info.family, info.window, info.stride, info.image_hw) == ("mae", 14, 16, (224, 224))
+    assert (info.format, info.window, info.stride, info.image_hw) == ("mae", 14, 16, (224, 224))
     torch.testing.assert_close(info.grid, grid, rtol=0, atol=0)  # the cls row (all 7) is gone
     assert "cls row dropped" in info.notes[0]
     tiled = info.abswin_at((64, 64))  # abs-win from a window-sized grid: window part = that grid, global part = 0
@@ -128,7 +128,7 @@ def test_vitdet_pkl_from_disk(tmp_path):
     with open(path, "wb") as f:
         pickle.dump({"model": model, "__author__": "Detectron2 ViTDet Model Zoo"}, f)
     info = only(effective_embeddings(path))
-    assert (info.family, info.window, info.stride, info.source) == ("vitdet", 14, 16, str(path))
+    assert (info.format, info.window, info.stride, info.source) == ("detectron2", 14, 16, str(path))
     torch.testing.assert_close(info.grid, grid, rtol=0, atol=0)
 
 
@@ -138,7 +138,7 @@ def test_winpos_hook_layout():
           "backbone.net.pos_embed.window_embed": torch.randn(1, C, 14, 14, generator=g),
           "backbone.net.patch_embed.proj.weight": torch.zeros(C, 3, 16, 16)}
     info = only(effective_embeddings(sd, resolution=1024))
-    assert (info.family, info.window, info.stride, info.grid.shape) == ("winpos", 14, 16, (C, 64, 64))
+    assert (info.format, info.window, info.stride, info.grid.shape) == ("winpos", 14, 16, (C, 64, 64))
     assert window_similarity(info.grid, 14, centred=True) > 0.3
 
 
@@ -146,13 +146,13 @@ def test_overrides_and_errors():
     grid = periodic(8, 56, 56)
     sd = {"pos_embed": flat(grid)}
     assert only(effective_embeddings(sd, window=16)).window == 16
-    assert only(effective_embeddings(sd, family="timm_hiera")).antialias
+    assert only(effective_embeddings(sd, format="timm_hiera")).antialias
     with pytest.raises(ValueError, match=r"fixed 56x56 grid.*analyze\(target_sizes"):
         effective_embeddings(sd, resolution=448)
-    with pytest.raises(ValueError, match="unknown family='vit'"):
-        effective_embeddings(sd, family="vit")
-    with pytest.raises(ValueError, match=r"no absolute position embedding of family 'sam2'"):
-        effective_embeddings(sd, family="sam2")
+    with pytest.raises(ValueError, match="unknown checkpoint format 'vit'"):
+        effective_embeddings(sd, format="vit")
+    with pytest.raises(ValueError, match=r"no absolute position embedding of format 'sam2'"):
+        effective_embeddings(sd, format="sam2")
     no_pos = {"blocks.0.attn.rel_pos_h": torch.zeros(27, 4), "blocks.0.attn.qkv.weight": torch.zeros(3, 1)}
     with pytest.raises(ValueError, match=r"no absolute position embedding.*rel_pos_h.*relative/rotary"):
         effective_embeddings({"model": no_pos})
@@ -162,7 +162,7 @@ def test_overrides_and_errors():
     with pytest.raises(ValueError, match=r"position-like keys: \['pos_embed \(1, 48, 16\)'\]"):
         effective_embeddings(odd)
     with pytest.raises(ValueError, match="not a square grid"):
-        effective_embeddings(odd, family="hiera")
+        effective_embeddings(odd, format="hiera")
 
 
 # ---- real packages -------------------------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_real_sam2_trunk(tmp_path):
     path = tmp_path / "sam2.1_hiera_tiny_fake.pt"
     torch.save({"model": {"image_encoder.trunk." + k: v for k, v in trunk.state_dict().items()}}, path)
     info = only(effective_embeddings(path, resolution=512))
-    assert (info.family, info.window, info.stride) == ("sam2", 8, 4)
+    assert (info.format, info.window, info.stride) == ("sam2", 8, 4)
     with torch.no_grad():
         oracle = trunk._get_pos_embed((128, 128))[0].permute(2, 0, 1)  # what SAM2 adds at 512 px (NHWC)
     torch.testing.assert_close(info.grid, oracle, rtol=0, atol=1e-6)
@@ -197,7 +197,7 @@ def test_real_timm_hiera_abswin_and_hieradet(tmp_path):
                         global_pos_size=(16, 16))
     save_file({k: v.contiguous() for k, v in m.state_dict().items()}, str(tmp_path / "model.safetensors"))
     info = only(effective_embeddings(tmp_path / "model.safetensors"))
-    assert info.family == "timm_hiera_abswin" and info.image_hw == (256, 256)
+    assert info.format == "timm_abswin" and info.image_hw == (256, 256)
     with torch.no_grad():
         oracle = m._pos_embed(torch.zeros(1, 64 * 64, C))[0].T.reshape(C, 64, 64)
     torch.testing.assert_close(info.grid, oracle, rtol=0, atol=1e-6)
@@ -205,7 +205,7 @@ def test_real_timm_hiera_abswin_and_hieradet(tmp_path):
     d = det_mod.HieraDet(embed_dim=C, num_heads=1, stages=(1, 1, 1, 1), global_att_blocks=(2,))
     _randomize(d.pos_embed, d.pos_embed_window)
     info = only(effective_embeddings({k: v for k, v in d.state_dict().items()}, resolution=256))
-    assert info.family == "sam2" and not info.antialias
+    assert info.format == "sam2" and not info.antialias
     with torch.no_grad():
         oracle = d._pos_embed(torch.zeros(1, 64, 64, C))[0].permute(2, 0, 1)
     torch.testing.assert_close(info.grid, oracle, rtol=0, atol=1e-6)
@@ -217,7 +217,7 @@ def test_real_official_hiera(tmp_path):
     _randomize(m.pos_embed)
     torch.save({"model_state": m.state_dict()}, tmp_path / "hiera_tiny_224.pth")
     info = only(effective_embeddings(tmp_path / "hiera_tiny_224.pth"))
-    assert (info.family, info.image_hw) == ("hiera", (224, 224))
+    assert (info.format, info.image_hw) == ("hiera", (224, 224))
     # the oracle's token order: the patch embed flattens its 56x56 output row-major, then adds get_pos_embed()
     with torch.no_grad():
         x = torch.randn(1, 3, 224, 224)
@@ -232,7 +232,7 @@ def test_real_segment_anything_and_detectron2(tmp_path):
     _randomize(enc.pos_embed)
     torch.save({"image_encoder." + k: v for k, v in enc.state_dict().items()}, tmp_path / "sam_vit_tiny.pth")
     info = only(effective_embeddings(tmp_path / "sam_vit_tiny.pth"))
-    assert (info.family, info.image_hw, info.window) == ("sam", (448, 448), 14)
+    assert (info.format, info.image_hw, info.window) == ("sam", (448, 448), 14)
     torch.testing.assert_close(info.grid, enc.pos_embed[0].detach().permute(2, 0, 1), rtol=0, atol=0)
 
     vit_mod = require("detectron2.modeling.backbone.vit")
@@ -243,7 +243,7 @@ def test_real_segment_anything_and_detectron2(tmp_path):
     with open(tmp_path / "model_final.pkl", "wb") as f:
         pickle.dump(zoo, f)
     info = only(effective_embeddings(tmp_path / "model_final.pkl"))
-    assert (info.family, info.image_hw) == ("vitdet", (224, 224))
+    assert (info.format, info.image_hw) == ("detectron2", (224, 224))
     res = analyze(info, target_sizes=[1024])
     with torch.no_grad():
         as_used = get_abs_pos(vit.pos_embed, True, (64, 64))[0].permute(2, 0, 1)  # what ViTDet adds at 1024
@@ -259,7 +259,7 @@ def test_real_timm_vit_as_mae():
     m = vt.VisionTransformer(img_size=224, patch_size=16, embed_dim=C, depth=1, num_heads=1, num_classes=0)
     _randomize(m.pos_embed)
     info = only(effective_embeddings({"model": m.state_dict()}))
-    assert (info.family, info.stride, info.image_hw) == ("mae", 16, (224, 224))
+    assert (info.format, info.stride, info.image_hw) == ("mae", 16, (224, 224))
     torch.testing.assert_close(info.grid, m.pos_embed[0, 1:].detach().T.reshape(C, 14, 14), rtol=0, atol=0)
 
 
@@ -285,7 +285,7 @@ def test_run_posemb_viz_end_to_end(tmp_path):
     out = tmp_path / "viz"
     report = run_posemb_viz([tmp_path / "mae_fake.pth"], out, sizes=[448], progress=False)
     emb = report["checkpoints"][0]["embeddings"][0]
-    assert emb["family"] == "mae" and emb["native"]["error"] is not None  # a single 14x14 window at 224 px
+    assert emb["format"] == "mae" and emb["native"]["error"] is not None  # a single 14x14 window at 224 px
     assert emb["targets"][0]["abswin"]["ws"] == pytest.approx(1.0, abs=1e-6)
     assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
     assert [p.split("_")[-1] for p in emb["plots"]] == ["embedding.png", "scan.png", "similarity.png"]

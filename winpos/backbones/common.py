@@ -182,6 +182,16 @@ def is_position_param(name: str, position_keys=POSITION_KEYS) -> bool:
     return any(k in name for k in position_keys)
 
 
+LAYER_SCALE_KEYS = (".ls1.", ".ls2.")
+
+
+def may_keep_init(name: str) -> bool:
+    """Whether a parameter a checkpoint lacks may keep its initialization on import: position parameters (new in
+    many recipes) and LayerScale gains (absent from checkpoints trained without them). Any other missing
+    parameter is a trunk weight: a strict import refuses the checkpoint."""
+    return is_position_param(name) or any(k in name for k in LAYER_SCALE_KEYS)
+
+
 class WindowedBackbone(nn.Module):
     """What ViTDet and HieraDet share besides attention: the position-parameter rule and the block step."""
 

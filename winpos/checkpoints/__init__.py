@@ -18,14 +18,13 @@ import os
 
 import torch.nn as nn
 
+from winpos.backbones.common import may_keep_init
+from winpos.checkpoints.formats import FORMATS, Format, detect, parse_format
 from winpos.checkpoints.io import (check_finite_state_dict, load_checkpoint_object, load_state_dict_file,
                                    unwrap_state_dict)
 from winpos.checkpoints.report import LoadReport
 from winpos.errors import WinposError
 
-FORMATS = ("auto", "sam2", "hiera", "timm_abswin", "winpos", "detectron2", "sam", "mae", "lookhere")
-_HIERA_FORMATS = ("sam2", "hiera", "timm_abswin", "winpos")
-_VIT_FORMATS = ("detectron2", "sam", "mae")
 _FOREIGN_PREFIXES = ("image_encoder.trunk.", "image_encoder.")  # SAM2 / SAM containers, handled by the converters
 
 
@@ -63,7 +62,8 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         path_or_state_dict: a checkpoint file, a loaded container (``{"model": ...}``) or a flat state dict.
         target: a winpos backbone (HieraDet / ViTDet) or a preset name, built with ``recipe`` and ``overrides``
             (e.g. ``pos_embed="abswin"`` to convert an absolute embedding to abs-win on import).
-        format: one of ``FORMATS``; ``"auto"`` detects it from the keys.
+        format: ``"auto"`` (``formats.detect`` tells it from the keys) or one of ``FORMATS`` (a ``Format`` or its
+            name: sam2, hiera, timm_hiera, timm_abswin, sam, mae, detectron2, winpos, lookhere).
         strict: refuse checkpoints that lack trunk weights of the target.
     Returns:
         ``(state_dict, LoadReport)``: the state dict loads into the target with ``load_state_dict(sd, strict=False)``
@@ -71,27 +71,27 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
     """
     from winpos.backbones import HieraDet, ViTDet
 
-    if format not in FORMATS:
-        raise WinposError(f"unknown checkpoint format {format!r}; choose one of {', '.join(FORMATS)}")
+    fmt = parse_format(format)
     obj = load_checkpoint_object(path_or_state_dict) if isinstance(path_or_state_dict, (str, os.PathLike)) \
         else path_or_state_dict
-    from winpos.checkpoints.lookhere import convert_lookhere_checkpoint, is_lookhere_checkpoint
+    if fmt == "auto":
+        fmt = detect(obj)
+    if fmt == Format.LOOKHERE:  # the authors' LookHere ViT-B: its config decides how the target is built
+        from winpos.checkpoints.lookhere import convert_lookhere_checkpoint
 
-    if format == "lookhere" or (format == "auto" and is_lookhere_checkpoint(obj)):  # authors' LookHere ViT-B
         return convert_lookhere_checkpoint(obj, target, recipe=recipe, strict=strict, **overrides)
     model = _resolve_target(target, recipe, overrides)
     is_hiera, is_vit = isinstance(model, HieraDet), isinstance(model, ViTDet)
     if not (is_hiera or is_vit):
         raise WinposError(f"load_external converts into HieraDet or ViTDet, not {type(model).__name__}")
-    if is_hiera and format in _VIT_FORMATS:
-        raise WinposError(f"format={format!r} is a plain-ViT checkpoint; it cannot load into HieraDet: pass "
-                          "format='auto' or a Hiera format (sam2, hiera, timm_abswin, winpos)")
-    if is_vit and format in _HIERA_FORMATS and format != "winpos":
-        raise WinposError(f"format={format!r} is a Hiera checkpoint; it cannot load into ViTDet: pass format='auto' "
-                          "or a ViT format (detectron2, sam, mae, winpos)")
+    if (is_hiera and not fmt.is_hiera) or (is_vit and not fmt.is_vit):
+        kind, other = ("HieraDet", "a plain-ViT") if is_hiera else ("ViTDet", "a Hiera")
+        raise WinposError(f"format {fmt} ({fmt.spec.describe}) is {other} checkpoint; it cannot load into {kind}: "
+                          f"convert it to a {'vitdet' if is_hiera else 'hieradet'}_* preset (--to), or name the "
+                          "right format (--format)")
     flat = unwrap_state_dict(obj, source="checkpoint")
     outside = []
-    if format in ("auto", "winpos"):
+    if fmt == Format.WINPOS:
         prefix = _winpos_trunk_prefix(flat, is_vit)
         if prefix:
             outside = [k for k in flat if not k.startswith(prefix)]
@@ -99,11 +99,11 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
     if is_hiera:
         from winpos.checkpoints.hiera import convert_hiera_checkpoint
 
-        sd, report = convert_hiera_checkpoint(flat, target=model, source=format)
+        sd, report = convert_hiera_checkpoint(flat, target=model, source=fmt)
     else:
         from winpos.checkpoints.vitdet import convert_to_vitdet
 
-        sd, report = convert_to_vitdet(flat, model, source=format)
+        sd, report = convert_to_vitdet(flat, model, source=fmt)
     for k in outside:
         report.add_unexpected(k, "outside the winpos backbone of the detector checkpoint (pyramid, heads)")
     if not sd:
@@ -112,11 +112,11 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
                           "format='auto' (--format auto), or a --to preset of the checkpoint's architecture")
     check_finite_state_dict(sd, "the converted checkpoint")
     if strict:
-        fatal = [k for k, _ in report.missing if not any(s in k for s in ("pos_embed", "rel_pos", "rope", ".ls"))]
+        fatal = [k for k, _ in report.missing if not may_keep_init(k)]
         if fatal:
             raise WinposError(f"the checkpoint lacks {len(fatal)} trunk weights of the target, e.g. {fatal[:5]}; "
                              "it was made for another architecture or size")
     return sd, report
 
 
-__all__ = ["FORMATS", "LoadReport", "load_checkpoint_object", "load_external", "load_state_dict_file"]
+__all__ = ["FORMATS", "Format", "LoadReport", "detect", "load_checkpoint_object", "load_external", "load_state_dict_file"]

@@ -9,7 +9,10 @@ Sources, told apart by the key names and shapes each project saves:
   in row-major order. Hiera computes in an *unrolled* token order, but no parameter depends on it: the weights
   load unchanged, and HieraDet's features equal Hiera's intermediates after ``Reroll``.
 * ``timm_abswin``: timm ``hiera_*_abswin``: ``pos_embed (1, C, gh, gw)`` + ``pos_embed_win (1, C, 8, 8)``.
+* ``timm_hiera``: as ``hiera`` (timm renames the classifier ``head.fc``).
 * ``winpos``: HieraDet's own names (passed through, shapes checked).
+
+The format is told by ``winpos.checkpoints.formats.detect``, the one detector every importer uses.
 
 Position embeddings are converted to what the target model holds: abs -> abs-win is the exact projection of
 ``abs_to_abswin`` (window = the target's window embedding, e.g. 8 on the 56x56 grid), so a target with a
@@ -27,38 +30,33 @@ import os
 import torch
 import torch.nn as nn
 
+from winpos.backbones.common import may_keep_init
+from winpos.checkpoints.formats import HIERA_FORMATS, Format, detect, parse_format
 from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
 from winpos.checkpoints.report import LoadReport
+from winpos.errors import WinposError
 from winpos.posemb.abswin import abs_to_abswin, abswin_embedding
-from winpos.posemb.interp import flat_to_grid, resize_grid
+from winpos.posemb.interp import resize_grid, split_flat_embedding
 
-SOURCES = ("auto", "sam2", "hiera", "timm_abswin", "winpos")
+SOURCES = ("auto",) + tuple(f.value for f in HIERA_FORMATS) + (Format.WINPOS.value,)
 SAM2_PREFIX = "image_encoder.trunk."
 ABS, GLOBAL, WINDOW = "pos_embed.pos_embed", "pos_embed.global_embed", "pos_embed.window_embed"
 
 
-def detect_hiera_format(state_dict: dict) -> str:
-    """Tell ``sam2`` / ``hiera`` / ``timm_abswin`` / ``winpos`` apart from key names and shapes."""
-    keys = set(state_dict)
-    if "pos_embed_spatial" in keys or getattr(state_dict.get("patch_embed.proj.weight"), "ndim", 4) == 5:
-        raise ValueError("this is a video Hiera checkpoint (sep_pos_embed / 3D patch embedding); HieraDet is an "
-                         "image backbone: use an image checkpoint such as hiera_base_224")
-    if any(k.startswith(SAM2_PREFIX) for k in keys) or "pos_embed_window" in keys or \
-            any(".mlp.layers." in k for k in keys):
-        return "sam2"
-    if "pos_embed_win" in keys:
-        return "timm_abswin"
-    if any(k.startswith("pos_embed.") for k in keys):
-        return "winpos"
-    pos = state_dict.get("pos_embed")
-    if pos is not None and pos.ndim == 3 and any(k.startswith("blocks.") for k in keys):
-        return "hiera"
-    if pos is None and any(k.startswith("blocks.") and k.endswith(".attn.qkv.weight") for k in keys):
-        return "winpos"  # a trunk without token embedding (pos_embed="none")
-    raise ValueError(f"could not recognise a Hiera checkpoint from keys {sorted(keys)[:10]}; name its format "
-                     f"(format= in load_external, --format in tools/convert_checkpoint.py) as one of {SOURCES[1:]}, "
-                     "or check that it is a Hiera checkpoint (HF transformers Hiera names are not supported: convert "
-                     "with timm first)")
+def _refuse_video(state_dict: dict) -> None:
+    if "pos_embed_spatial" in state_dict or getattr(state_dict.get("patch_embed.proj.weight"), "ndim", 4) == 5:
+        raise WinposError("this is a video Hiera checkpoint (sep_pos_embed / 3D patch embedding); HieraDet is an "
+                          "image backbone: use an image checkpoint such as hiera_base_224")
+
+
+def hiera_format(state_dict: dict) -> Format:
+    """The format of a Hiera-family state dict (``detect``), refusing video Hiera and plain-ViT checkpoints."""
+    _refuse_video(state_dict)
+    fmt = detect(state_dict)
+    if not fmt.is_hiera:
+        raise WinposError(f"this is a {fmt} checkpoint ({fmt.spec.describe}), a plain ViT: it loads into ViTDet, not "
+                          "HieraDet; pick a vitdet_* preset")
+    return fmt
 
 
 def _rename(state_dict: dict, source: str, report: LoadReport) -> tuple[dict, dict]:
@@ -76,7 +74,7 @@ def _rename(state_dict: dict, source: str, report: LoadReport) -> tuple[dict, di
         names = {k[len(SAM2_PREFIX):]: k for k in state_dict if k.startswith(SAM2_PREFIX)}
     pos_names = {"sam2": {"pos_embed": "global", "pos_embed_window": "window"},
                  "timm_abswin": {"pos_embed": "global", "pos_embed_win": "window"},
-                 "hiera": {"pos_embed": "abs"},
+                 "hiera": {"pos_embed": "abs"}, "timm_hiera": {"pos_embed": "abs"},
                  "winpos": {ABS: "abs", GLOBAL: "global", WINDOW: "window"}}[source]
     for k, file_key in names.items():
         v = state_dict[file_key]
@@ -133,7 +131,7 @@ def _convert_pos(pos: dict, source: str, shapes: dict | None, report: LoadReport
             return {ABS: flat}
         window = tuple(shapes[WINDOW][-2:])
         _check_shape(key, WINDOW, (1, flat.shape[-1]) + window, shapes[WINDOW])
-        g, w = abs_to_abswin(flat_to_grid(flat), window)
+        g, w = abs_to_abswin(split_flat_embedding(flat, key, has_cls=False)[0], window)
         reason = f"abs {tuple(flat.shape)} split exactly into a {window} window embedding + residual"
         g, resized = _fit_global(g, shapes[GLOBAL], key, True)
         report.add_reshaped(WINDOW, reason)
@@ -209,9 +207,11 @@ def convert_hiera_checkpoint(checkpoint, target=None, source: str = "auto"):
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = load_checkpoint_object(checkpoint)
     state_dict = unwrap_state_dict(checkpoint, source="Hiera checkpoint")
-    if source not in SOURCES:
-        raise ValueError(f"unknown source={source!r}; choose one of {', '.join(SOURCES)}")
-    source = detect_hiera_format(state_dict) if source == "auto" else source
+    fmt = parse_format(source)
+    if fmt != "auto" and fmt.value not in SOURCES:
+        raise WinposError(f"source={source!r} is not a Hiera format; choose one of {', '.join(SOURCES)}")
+    _refuse_video(state_dict)
+    source = (hiera_format(state_dict) if fmt == "auto" else fmt).value
     shapes = _target_shapes(target)
     report = LoadReport(source, target="winpos HieraDet")
     blocks, pos = _rename(state_dict, source, report)
@@ -239,7 +239,7 @@ def load_hiera_checkpoint(model: nn.Module, checkpoint, source: str = "auto", st
     With ``strict`` a missing trunk weight (anything but new relpos / RoPE / LayerScale parameters) is an error.
     """
     state_dict, report = convert_hiera_checkpoint(checkpoint, target=model, source=source)
-    fatal = [k for k, _ in report.missing if not any(s in k for s in ("rel_pos", "rope", ".ls1.", ".ls2."))]
+    fatal = [k for k, _ in report.missing if not may_keep_init(k)]
     if strict and fatal:
         raise ValueError(f"the checkpoint lacks {len(fatal)} trunk weights of the model, e.g. {fatal[:5]}; it is "
                          "for a different architecture (check stages / expand_proj), or pass strict=False")
@@ -247,4 +247,4 @@ def load_hiera_checkpoint(model: nn.Module, checkpoint, source: str = "auto", st
     return report
 
 
-__all__ = ["SOURCES", "convert_hiera_checkpoint", "detect_hiera_format", "load_hiera_checkpoint"]
+__all__ = ["SOURCES", "convert_hiera_checkpoint", "hiera_format", "load_hiera_checkpoint"]

@@ -257,11 +257,15 @@ def unwrap_state_dict(obj: Any, source: str = "checkpoint") -> dict[str, torch.T
     """Return the flat ``name -> Tensor`` mapping inside a checkpoint container.
 
     Looks through the usual wrappers in order (``model_state`` for official Hiera, ``model`` for MAE / SAM2 /
-    detectron2, ``state_dict``, ``module``, Caffe2-style ``blobs``) and keeps the tensor entries only.
+    detectron2, ``state_dict``, ``module``, Caffe2-style ``blobs``) and keeps the tensor entries only; numeric numpy
+    arrays (a detectron2 ``.pkl`` loaded by hand) become tensors. This is the one unwrapper: the importers, the
+    diagnostics and the detectron2 checkpointer all use it.
     """
     if not isinstance(obj, dict):
         raise WinposError(f"{source} holds a {type(obj).__name__}, not a dict of tensors; save the model's "
                          "state_dict() rather than the model object")
+    if any(isinstance(v, (np.ndarray, dict)) for v in obj.values()):
+        obj = _to_torch(obj)
     for key in CONTAINER_KEYS:
         inner = obj.get(key)
         if isinstance(inner, dict) and any(isinstance(v, torch.Tensor) for v in inner.values()):

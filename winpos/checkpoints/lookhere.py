@@ -23,6 +23,7 @@ import re
 import torch
 import torch.nn as nn
 
+from winpos.checkpoints.formats import is_lookhere_container
 from winpos.checkpoints.report import LoadReport
 from winpos.errors import WinposError
 
@@ -42,10 +43,8 @@ NORM_EPS = 1e-5  # torch's LayerNorm default, which the authors' ViT uses
 
 
 def is_lookhere_checkpoint(obj) -> bool:
-    """Whether a loaded checkpoint has the authors' layout: a ``weights`` dict and a ``config`` with
-    ``head_directions``."""
-    return (isinstance(obj, dict) and isinstance(obj.get("weights"), dict) and isinstance(obj.get("config"), dict)
-            and "head_directions" in obj["config"])
+    """Whether a loaded checkpoint has the authors' layout (``detect`` names it ``lookhere``)."""
+    return is_lookhere_container(obj)
 
 
 def _number(name: str, value) -> float:

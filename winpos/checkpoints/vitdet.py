@@ -26,64 +26,34 @@ from __future__ import annotations
 import math
 import re
 
-import numpy as np
 import torch
 import torch.nn as nn
 
+from winpos.backbones.common import may_keep_init
+from winpos.checkpoints.formats import WINPOS_POSITION_KEYS as WINPOS_POS_KEYS
+from winpos.checkpoints.formats import Format, detect, parse_format
+from winpos.checkpoints.io import unwrap_state_dict
 from winpos.checkpoints.report import LoadReport
+from winpos.errors import WinposError
 from winpos.posemb.abswin import abs_to_abswin, abswin_embedding
-from winpos.posemb.interp import resize_grid
+from winpos.posemb.interp import resize_grid, split_flat_embedding
 from winpos.posemb.relpos import resample_rel_table
 
-__all__ = ["detect_source", "convert_detectron2_vit", "convert_sam_image_encoder",
+__all__ = ["vit_format", "convert_detectron2_vit", "convert_sam_image_encoder",
            "convert_mae_vit", "convert_winpos_vitdet", "convert_to_vitdet", "load_vitdet_weights",
            "load_vitdet_checkpoint"]
 
 SOURCES = ("detectron2", "sam", "mae", "winpos")
-WINPOS_POS_KEYS = ("pos_embed.pos_embed", "pos_embed.window_embed", "pos_embed.global_embed")
-_CONTAINERS = ("model", "state_dict", "model_state", "module")
 _REL = re.compile(r"^blocks\.(\d+)\.attn\.rel_pos_([hw])$")
-# Keys that are new in winpos and may keep their initialization when a checkpoint lacks them.
-_NEW_PARAM = ("pos_embed", "rel_pos", "rope", ".ls1.", ".ls2.")
 
 
-def _to_tensor(v):
-    if isinstance(v, torch.Tensor):
-        return v
-    if isinstance(v, np.ndarray) and v.dtype.kind in "biuf":
-        return torch.from_numpy(np.array(v, dtype=v.dtype.newbyteorder("=")))  # copy: may be read-only
-    return None
-
-
-def _flat_state_dict(obj) -> dict[str, torch.Tensor]:
-    """Unwrap ``{"model": {...}}``-style containers and turn numpy arrays (detectron2 ``.pkl``) into tensors."""
-    if not isinstance(obj, dict):
-        raise ValueError(f"expected a state dict (name -> tensor), got a {type(obj).__name__}; pass "
-                         "model.state_dict() or the dict loaded from the checkpoint file")
-    for key in _CONTAINERS:
-        if isinstance(obj.get(key), dict):
-            obj = obj[key]
-            break
-    out = {k: t for k, v in obj.items() if isinstance(k, str) and (t := _to_tensor(v)) is not None}
-    if not out:
-        raise ValueError(f"the checkpoint has no tensors at its top level or under {list(_CONTAINERS)} "
-                         f"(keys: {list(obj)[:10]}); pass the weights' state dict")
-    return out
-
-
-def detect_source(state_dict) -> str:
-    """Guess the checkpoint family: ``"sam"``, ``"mae"``, ``"winpos"`` or ``"detectron2"``."""
-    sd = _flat_state_dict(state_dict)
-    if any(k in sd for k in WINPOS_POS_KEYS):
-        return "winpos"
-    if any(k.startswith("image_encoder.") or ".mlp.lin1." in k or k.startswith("neck.") for k in sd):
-        return "sam"
-    pos = sd.get("pos_embed", sd.get("backbone.net.pos_embed"))
-    if pos is not None and pos.dim() == 4:
-        return "sam"
-    if "cls_token" in sd:
-        return "mae"
-    return "detectron2"
+def vit_format(state_dict) -> Format:
+    """The format of a ViT-family state dict (``winpos.checkpoints.formats.detect``), refusing Hiera files."""
+    fmt = detect(state_dict)
+    if not fmt.is_vit or fmt == Format.LOOKHERE:
+        raise WinposError(f"this is a {fmt} checkpoint ({fmt.spec.describe}): it does not load into ViTDet through "
+                          "this converter; use winpos.checkpoints.load_external, which routes every format")
+    return fmt
 
 
 def _shape_error(key, expected, found, hint=""):
@@ -202,24 +172,10 @@ class _Converter:
         for key in self.target:
             if key in self.out:
                 continue
-            new = any(s in key for s in _NEW_PARAM)
+            new = may_keep_init(key)
             self.report.add_missing(key, "not in the source checkpoint; keeps its initialization" +
                                     ("" if new else " (a trunk weight: is this the right checkpoint?)"))
         return self.out, self.report
-
-
-def _split_flat(value: torch.Tensor, key: str):
-    """``(1, [1+]s*s, C)`` -> ``(grid (1, C, s, s), cls (1, 1, C) or None)``."""
-    if value.dim() != 3 or value.shape[0] != 1:
-        raise _shape_error(key, ("1", "[1+]N", "C"), value.shape, "a flat embedding is (1, [1+]h*w, C)")
-    n = value.shape[1]
-    for prefix in (0, 1):
-        side = math.isqrt(n - prefix)
-        if side * side == n - prefix and side > 0:
-            cls, tokens = (value[:, :1], value[:, 1:]) if prefix else (None, value)
-            return tokens.transpose(1, 2).reshape(1, -1, side, side), cls
-    raise _shape_error(key, ("1", "[1+]h*w", "C"), value.shape,
-                       f"{n} tokens form no square grid with or without a cls row")
 
 
 def _trunk(conv: _Converter, name: str, value: torch.Tensor, source_key: str) -> None:
@@ -235,7 +191,7 @@ def _convert(state_dict, model: nn.Module, source: str, route, prefix: str = "",
     When some key starts with ``prefix`` the file is a whole model: ``prefix`` is stripped from its keys and the keys
     without it are reported as ignored, with the reason ``outside``. Returns ``(state_dict, LoadReport)``.
     """
-    sd = _flat_state_dict(state_dict)
+    sd = unwrap_state_dict(state_dict, source="ViT checkpoint")
     conv = _Converter(model, source)
     prefixed = bool(prefix) and any(k.startswith(prefix) for k in sd)
     for key, value in sd.items():
@@ -248,7 +204,7 @@ def _convert(state_dict, model: nn.Module, source: str, route, prefix: str = "",
 
 def _route_detectron2(conv: _Converter, name: str, value: torch.Tensor, key: str) -> None:
     if name == "pos_embed":
-        grid, cls = _split_flat(value, key)
+        grid, cls = split_flat_embedding(value, key)
         conv.pos_embed(grid, cls, "flat", key)
     else:
         _trunk(conv, name, value, key)
@@ -322,14 +278,14 @@ def convert_winpos_vitdet(state_dict, model: nn.Module):
     Trunk tensors are checked against the target's shapes, relpos tables resampled where their length differs,
     and the token embedding converted as the module docstring says. Returns ``(state_dict, LoadReport)``.
     """
-    sd = _flat_state_dict(state_dict)
+    sd = unwrap_state_dict(state_dict, source="ViT checkpoint")
     conv = _Converter(model, "winpos")
     pos = {k: v for k, v in sd.items() if k in WINPOS_POS_KEYS}
     for key, value in sd.items():
         if key not in pos:
             _trunk(conv, key, value, key)
     if "pos_embed.pos_embed" in pos:
-        grid, cls = _split_flat(pos["pos_embed.pos_embed"], "pos_embed.pos_embed")
+        grid, cls = split_flat_embedding(pos["pos_embed.pos_embed"], "pos_embed.pos_embed")
         conv.pos_embed(grid, cls, "flat", "pos_embed.pos_embed")
     elif pos:
         if "pos_embed.window_embed" not in pos or "pos_embed.global_embed" not in pos:
@@ -379,11 +335,13 @@ _CONVERTERS = {"detectron2": convert_detectron2_vit, "sam": convert_sam_image_en
 def convert_to_vitdet(state_dict, model: nn.Module, source: str = "auto"):
     """Dispatch on ``source`` in ``("auto", "detectron2", "sam", "mae", "winpos")``; returns
     ``(state_dict, report)``."""
-    if source == "auto":
-        source = detect_source(state_dict)
-    if source not in _CONVERTERS:
-        raise ValueError(f"unknown checkpoint source {source!r}; choose 'auto' or one of {', '.join(SOURCES)}")
-    return _CONVERTERS[source](state_dict, model)
+    fmt = parse_format(source)
+    if fmt == "auto":
+        fmt = vit_format(unwrap_state_dict(state_dict, source="ViT checkpoint"))
+    if fmt.value not in _CONVERTERS:
+        raise WinposError(f"source={source!r} is not a ViT format this converter reads; choose 'auto' or one of "
+                          f"{', '.join(SOURCES)}")
+    return _CONVERTERS[fmt.value](state_dict, model)
 
 
 def load_vitdet_weights(model: nn.Module, state_dict, source: str = "auto", strict: bool = True) -> LoadReport:
@@ -394,7 +352,7 @@ def load_vitdet_weights(model: nn.Module, state_dict, source: str = "auto", stri
     """
     sd, report = convert_to_vitdet(state_dict, model, source)
     if strict:
-        trunk_missing = [k for k, _ in report.missing if not any(s in k for s in _NEW_PARAM)]
+        trunk_missing = [k for k, _ in report.missing if not may_keep_init(k)]
         if report.unknown or trunk_missing:
             raise ValueError(
                 f"the {report.source} checkpoint does not fit this ViTDet: unrecognised source keys "

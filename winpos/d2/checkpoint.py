@@ -185,16 +185,13 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
         msg = f"loaded {path} as a detector checkpoint ({len(fits)}/{len(own)} model tensors by name)"
         logger.info(msg)
         return msg
-    from winpos.checkpoints.hiera import load_hiera_checkpoint
-    from winpos.checkpoints.vitdet import load_vitdet_weights
+    from winpos.checkpoints import load_external
 
     prefix, net = _winpos_net(model)
     net_sd = {k[len(prefix) + 1:]: v for k, v in sd.items() if k.startswith(prefix + ".")}
     source_sd = net_sd if net_sd and len(net_sd) >= 0.5 * len(sd) else sd
-    if isinstance(net, ViTDet):
-        report = load_vitdet_weights(net, source_sd, strict=False)
-    else:
-        report = load_hiera_checkpoint(net, source_sd, strict=False)
+    net_state, report = load_external(source_sd, net)  # the one importer: detect(), then the format's converter
+    net.load_state_dict(net_state, strict=False)
     loaded = len(report.matched) + len(report.converted) + len(report.reshaped)
     outside = {k: sd[k] for k in fits if not k.startswith(prefix + ".")}
     if outside:

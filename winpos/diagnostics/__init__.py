@@ -5,14 +5,14 @@
 three for the ``tools/posemb_viz.py`` command line. Plotting (matplotlib) is imported only when used.
 """
 
-from winpos.diagnostics.extract import FAMILIES, EmbeddingInfo, effective_embeddings
+from winpos.diagnostics.extract import FORMATS, EmbeddingInfo, effective_embeddings
 from winpos.diagnostics.metrics import (PeriodScan, abswin_embed, abswin_parts_from_grid, naive_resize,
                                         offset_similarity_map, period_scan, periodic_energy_ratio,
                                         window_similarity, window_similarity_matrix)
 from winpos.diagnostics.report import analyze, run_posemb_viz, verdict
 
 __all__ = [
-    "FAMILIES", "EmbeddingInfo", "effective_embeddings", "PeriodScan", "abswin_embed", "abswin_parts_from_grid",
+    "FORMATS", "EmbeddingInfo", "effective_embeddings", "PeriodScan", "abswin_embed", "abswin_parts_from_grid",
     "naive_resize", "offset_similarity_map", "period_scan", "periodic_energy_ratio", "window_similarity",
     "window_similarity_matrix", "analyze", "run_posemb_viz", "verdict",
 ]

@@ -246,7 +246,7 @@ def plot_all(info: EmbeddingInfo, image_px, out_dir, tag: str, window: int | Non
     w = window or info.window
     panels = states_at(info, image_px)
     out = Path(out_dir)
-    name = f"{info.family}: {info.name} (window {w} tokens = {w * info.stride} px)"
+    name = f"{info.format}: {info.name} (window {w} tokens = {w * info.stride} px)"
     files = plot_embedding_grids(panels, w, info.stride, out / f"{tag}_embedding.png", name, pdf=pdf)
     files += plot_period_scan(panels, w, info.stride, out / f"{tag}_period_scan.png", name, pdf=pdf, scans=scans)
     files += plot_window_similarity(panels, w, out / f"{tag}_window_similarity.png", name, pdf=pdf)

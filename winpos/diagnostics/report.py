@@ -112,10 +112,10 @@ def analyze(info: EmbeddingInfo, target_sizes: Iterable | None = None, window: i
     Args:
         info: from ``effective_embeddings``.
         target_sizes: image sizes in px (ints or pairs); default ``default_targets(info)``.
-        window: window override in tokens (default: the family's).
+        window: window override in tokens (default: the format's).
         max_period: largest period the period scans try, in tokens.
     Returns:
-        ``{"name", "family", "source", "window", "stride", "antialias", "abswin_source", "notes",
+        ``{"name", "format", "source", "window", "stride", "antialias", "abswin_source", "notes",
         "native": {...}, "targets": [{...}, ...], "verdicts": [str, ...]}``.
     """
     w = window or info.window
@@ -124,7 +124,7 @@ def analyze(info: EmbeddingInfo, target_sizes: Iterable | None = None, window: i
     sizes = list(target_sizes) if target_sizes is not None else list(default_targets(info))
     targets = [target_entry(info, s, native, w, max_period) for s in sizes]
     return {
-        "name": info.name, "family": info.family, "source": info.source, "window": w, "stride": info.stride,
+        "name": info.name, "format": str(info.format), "source": info.source, "window": w, "stride": info.stride,
         "antialias": info.antialias, "abswin_source": info.abswin_source, "notes": list(info.notes),
         "native": native, "targets": targets, "verdicts": [t["verdict"] for t in targets],
     }
@@ -144,14 +144,15 @@ def _out_dir(out_dir) -> Path:
 
 
 def run_posemb_viz(paths: Sequence[str | os.PathLike], out_dir, sizes: Sequence, window: int | None = None,
-                   family: str = "auto", pdf: bool = False, progress: bool = True) -> dict[str, Any]:
+                   format: str = "auto", pdf: bool = False, progress: bool = True) -> dict[str, Any]:
     """Analyze and plot the position embeddings of checkpoints at several image sizes.
 
     Args:
         paths: checkpoint files (any format ``winpos.checkpoints.io`` reads).
         out_dir: folder for the PNGs (and PDFs) and ``report.json``; created if missing.
-        sizes: target image sizes in px (ints or pairs); empty means each family's defaults.
-        window: window override in tokens; family: ``"auto"`` or a family name (see ``extract.FAMILIES``).
+        sizes: target image sizes in px (ints or pairs); empty means each format's defaults.
+        window: window override in tokens; format: ``"auto"`` or a checkpoint format (see
+            ``winpos.checkpoints.formats``).
         pdf: also write PDFs; progress: show a tqdm bar over checkpoints x sizes.
     Returns:
         The report: ``{"out_dir", "checkpoints": [{"path", "embeddings": [analysis + "plots"]}]}``; the same
@@ -170,7 +171,7 @@ def run_posemb_viz(paths: Sequence[str | os.PathLike], out_dir, sizes: Sequence,
     report: dict[str, Any] = {"out_dir": str(out), "checkpoints": []}
     # every checkpoint is read (and refused, if it must be) before the progress bar starts, so an error is a
     # line of its own, not one wrapped in bar fragments
-    loaded = [(path, effective_embeddings(path, family=family, window=window)) for path in paths]
+    loaded = [(path, effective_embeddings(path, format=format, window=window)) for path in paths]
     stems = [Path(p).stem for p in paths]
     stems = [s if stems.count(s) == 1 else f"{s}-{i + 1}" for i, s in enumerate(stems)]  # no two share plot names
     bar = tqdm(total=len(paths) * max(1, len(sizes)), disable=not progress, desc="posemb", unit="ckpt x size")

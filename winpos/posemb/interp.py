@@ -12,7 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from winpos.errors import as_hw, check_finite
+from winpos.errors import WinposError, as_hw, check_finite
 
 
 def resize_grid(grid: torch.Tensor, hw, antialias: bool = False) -> torch.Tensor:
@@ -50,6 +50,27 @@ def flat_to_grid(tokens: torch.Tensor, src_hw=None) -> torch.Tensor:
     if h * w != n:
         raise ValueError(f"src_hw={src_hw} holds {h * w} tokens but the embedding has {n}")
     return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
+
+
+def split_flat_embedding(tokens: torch.Tensor, key: str = "pos_embed", has_cls: bool | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A stored flat embedding ``(1, [1+]N, C)`` -> ``(grid (1, C, s, s), cls row (1, 1, C) or None)``.
+
+    The one parser of flat checkpoint embeddings (importers and diagnostics). ``has_cls=None`` tells the cls row
+    from the count: ``N`` square without it, ``N - 1`` square with it (a square count is taken as no cls row).
+    Errors name ``key`` and the shape.
+    """
+    if tokens.dim() != 3 or tokens.shape[0] != 1:
+        raise WinposError(f"'{key}' has shape {tuple(tokens.shape)}; expected a flat (1, [1+]h*w, C) embedding")
+    n = tokens.shape[1]
+    choices = (False, True) if has_cls is None else (has_cls,)
+    for cls in choices:
+        side = math.isqrt(max(n - cls, 0))
+        if side > 0 and side * side == n - cls:
+            return tokens[:, int(cls):].transpose(1, 2).reshape(1, -1, side, side), tokens[:, :1] if cls else None
+    what = {None: "with or without a cls row", True: "after its cls row", False: "without a cls row"}[has_cls]
+    raise WinposError(f"'{key}' holds {n} tokens, which is not a square grid {what}; reshape it to (1, C, H, W) "
+                      "yourself or name the checkpoint's format")
 
 
 def interpolate_abs(

@@ -1,0 +1,196 @@
+"""The one vocabulary of checkpoint formats, and ``detect``: which format a loaded checkpoint is.
+
+Every place that needs to know where a checkpoint came from (``load_external``, ``tools/convert_checkpoint.py
+--format``, ``tools/posemb_viz.py --format``, the position-embedding diagnostics and the detectron2 checkpointer's
+``train.init_checkpoint``) asks ``detect`` and speaks in ``Format`` names. Each format also carries what the
+diagnostics need to rebuild the embedding the model adds: its attention window, patch stride and resize flavour.
+
+========================  ==========================================================================================
+format                    recognised by
+========================  ==========================================================================================
+``sam2``                  SAM2 / SAM2.1 (``image_encoder.trunk.*``, or a bare trunk): ``pos_embed (1, C, h, w)`` +
+                          ``pos_embed_window (1, C, 8, 8)``, MLPs ``mlp.layers.0/1``
+``hiera``                 official Hiera (``{"model_state": ...}``): flat ``pos_embed (1, N, C)`` at stride 4 (video
+                          files: ``pos_embed_spatial``)
+``timm_hiera``            timm's plain Hiera: as ``hiera``, classifier renamed ``head.fc``; timm resizes antialiased
+``timm_abswin``           timm ``hiera_*_abswin``: ``pos_embed (1, C, h, w)`` + ``pos_embed_win (1, C, 8, 8)``
+``sam``                   segment-anything ``ImageEncoderViT``: NHWC ``pos_embed (1, 64, 64, C)``, ``mlp.lin1/2``
+``mae``                   MAE / timm ViT: ``cls_token``, flat ``pos_embed (1, 1+N, C)`` at stride 16
+``detectron2``            detectron2 ViTDet (``backbone.net.*``, ``.pkl`` or ``.pth``): flat ``pos_embed (1, 1+N, C)``
+``winpos``                winpos's own HieraDet / ViTDet, backbone-only or a whole detector: ``pos_embed.pos_embed``
+                          or ``pos_embed.global_embed`` + ``pos_embed.window_embed`` (or no embedding at all)
+``lookhere``              the LookHere authors' ViT-B: ``{"weights": ..., "config": {"head_directions": ...}}``
+========================  ==========================================================================================
+
+``parse_format`` also accepts the names older winpos versions used in the diagnostics (``timm_hiera_abswin``,
+``vitdet``).
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from winpos.errors import WinposError
+
+__all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "parse_format"]
+
+
+@dataclass(frozen=True)
+class FormatSpec:
+    """What a format's model does with its position embedding."""
+
+    architecture: str  # "hiera", "vit" or "any" (winpos's own files hold either)
+    window: int  # attention window in tokens (stage 1 for Hiera-like models)
+    stride: int  # patch stride in px
+    antialias: bool  # the format's own bicubic resize: antialiased (timm's Hiera models) or plain
+    ceil_grid: bool  # stride-4 conv stems (kernel 7, pad 3) give ceil(px / 4) tokens; ViT stems floor(px / 16)
+    describe: str
+
+
+class Format(str, enum.Enum):
+    """A checkpoint format; compares equal to its name (``Format.SAM2 == "sam2"``)."""
+
+    SAM2 = "sam2"
+    HIERA = "hiera"
+    TIMM_HIERA = "timm_hiera"
+    TIMM_ABSWIN = "timm_abswin"
+    SAM = "sam"
+    MAE = "mae"
+    DETECTRON2 = "detectron2"
+    WINPOS = "winpos"
+    LOOKHERE = "lookhere"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def spec(self) -> FormatSpec:
+        return _SPECS[self]
+
+    @property
+    def is_hiera(self) -> bool:
+        return self.spec.architecture in ("hiera", "any")
+
+    @property
+    def is_vit(self) -> bool:
+        return self.spec.architecture in ("vit", "any")
+
+
+_SPECS = {
+    Format.SAM2: FormatSpec("hiera", 8, 4, False, True, "SAM2 HieraDet trunk (pos_embed + pos_embed_window)"),
+    Format.HIERA: FormatSpec("hiera", 8, 4, False, True, "official Hiera (model_state/pos_embed (1, N, C), 8x8-token "
+                                                         "mask units)"),
+    Format.TIMM_HIERA: FormatSpec("hiera", 8, 4, True, True, "timm Hiera (pos_embed (1, N, C))"),
+    Format.TIMM_ABSWIN: FormatSpec("hiera", 8, 4, True, True, "timm Hiera abs-win (pos_embed + pos_embed_win)"),
+    Format.SAM: FormatSpec("vit", 14, 16, False, False, "SAM v1 image encoder (pos_embed (1, 64, 64, C) NHWC)"),
+    Format.MAE: FormatSpec("vit", 14, 16, False, False, "MAE / timm ViT (pos_embed (1, 1+N, C) with a cls row)"),
+    Format.DETECTRON2: FormatSpec("vit", 14, 16, False, False, "detectron2 ViTDet (backbone.net.pos_embed (1, 1+N, "
+                                                               "C))"),
+    Format.WINPOS: FormatSpec("any", 8, 4, False, True, "winpos backbone (pos_embed.pos_embed, or "
+                                                        "pos_embed.global_embed + pos_embed.window_embed)"),
+    Format.LOOKHERE: FormatSpec("vit", 14, 16, False, False, "LookHere authors' ViT-B (weights + config, no "
+                                                             "position embedding)"),
+}
+FORMATS: tuple[str, ...] = tuple(f.value for f in Format)
+HIERA_FORMATS = tuple(f for f in Format if f.spec.architecture == "hiera")
+VIT_FORMATS = tuple(f for f in Format if f.spec.architecture == "vit")
+_ALIASES = {"timm_hiera_abswin": Format.TIMM_ABSWIN, "vitdet": Format.DETECTRON2}
+
+WINPOS_POSITION_KEYS = ("pos_embed.pos_embed", "pos_embed.global_embed", "pos_embed.window_embed")
+
+
+def parse_format(name: str | Format, allow_auto: bool = True) -> Format | str:
+    """``name`` as a ``Format`` (``"auto"`` stays ``"auto"`` when allowed); a WinposError names the choices."""
+    if isinstance(name, Format):
+        return name
+    if allow_auto and name == "auto":
+        return "auto"
+    if isinstance(name, str) and name in _ALIASES:
+        return _ALIASES[name]
+    try:
+        return Format(name)
+    except ValueError:
+        choices = (("auto",) if allow_auto else ()) + FORMATS
+        raise WinposError(f"unknown checkpoint format {name!r}; choose one of {', '.join(choices)}") from None
+
+
+def _last(key: str) -> str:
+    return key.rpartition(".")[2]
+
+
+def _square(n: int) -> bool:
+    s = math.isqrt(n)
+    return s > 0 and s * s == n
+
+
+def _flat_embedding(sd: dict) -> tuple[str, torch.Tensor] | tuple[None, None]:
+    for key in ("pos_embed", "pos_embed_spatial", "position_embeddings"):
+        if isinstance(sd.get(key), torch.Tensor):
+            return key, sd[key]
+    return None, None
+
+
+def is_lookhere_container(obj: Any) -> bool:
+    """Whether a loaded checkpoint has the LookHere authors' layout: a ``weights`` dict and a ``config`` with
+    ``head_directions``."""
+    return (isinstance(obj, dict) and isinstance(obj.get("weights"), dict) and isinstance(obj.get("config"), dict)
+            and "head_directions" in obj["config"])
+
+
+def detect(obj: Any) -> Format:
+    """The format of a loaded checkpoint (a container such as ``{"model": ...}`` or a flat state dict).
+
+    The rules, first match wins: the LookHere authors' container; winpos's own embedding names anywhere (so a whole
+    winpos detector is ``winpos``); SAM2's trunk names; timm's ``pos_embed_win``; SAM v1's names or NHWC embedding;
+    detectron2's ``backbone.net.`` prefix; then by the flat ``pos_embed``: a ``cls_token``, a cls row or a patch
+    kernel of 14 px or more is a ViT (``mae``), a square grid behind a stride-4 stem is Hiera (``timm_hiera`` when
+    the classifier is ``head.fc``); a trunk without any token embedding is winpos's (``pos_embed="none"``).
+
+    Raises:
+        WinposError: nothing matched; the message lists a sample of the keys and the formats to name by hand.
+    """
+    from winpos.checkpoints.io import unwrap_state_dict
+
+    if is_lookhere_container(obj):
+        return Format.LOOKHERE
+    sd = unwrap_state_dict(obj, source="checkpoint")
+    keys = set(sd)
+    lasts = {_last(k) for k in keys}
+    if any(k.endswith(WINPOS_POSITION_KEYS) for k in keys):
+        return Format.WINPOS
+    if any(k.startswith("image_encoder.trunk.") or ".mlp.layers." in k for k in keys) or "pos_embed_window" in lasts:
+        return Format.SAM2
+    if "pos_embed_win" in lasts:
+        return Format.TIMM_ABSWIN
+    pos_key, pos = _flat_embedding(sd)
+    if any(k.startswith(("image_encoder.", "neck.")) or ".mlp.lin1." in k for k in keys) or (
+            pos is not None and pos.dim() == 4 and pos.shape[1] == pos.shape[2] and pos.shape[3] != pos.shape[1]):
+        return Format.SAM
+    if isinstance(sd.get("backbone.net.pos_embed"), torch.Tensor):
+        return Format.DETECTRON2
+    patch = sd.get("patch_embed.proj.weight")
+    kernel = int(patch.shape[-1]) if isinstance(patch, torch.Tensor) and patch.dim() >= 4 else None
+    if pos is not None:
+        if pos_key == "pos_embed_spatial" or (patch is not None and patch.dim() == 5):
+            return Format.HIERA  # a video Hiera: the importer refuses it by name, the diagnostics read its grid
+        if pos.dim() == 3:
+            n = pos.shape[1]
+            if "cls_token" in keys or (kernel is not None and kernel >= 14) or (not _square(n) and _square(n - 1)):
+                return Format.MAE
+            if _square(n):
+                return Format.TIMM_HIERA if "head.fc.weight" in keys else Format.HIERA
+    elif any(k.endswith(".attn.qkv.weight") for k in keys):
+        return Format.WINPOS  # a winpos trunk built with pos_embed="none"
+    pos_like = [f"{k} {tuple(v.shape)}" for k, v in sd.items() if "pos" in k.lower()][:6]
+    raise WinposError(
+        f"could not tell the checkpoint's format from its {len(sd)} tensors (e.g. {sorted(keys)[:6]}; position-like keys: "
+        f"{pos_like or 'none'}); name it (format= in load_external / effective_embeddings, --format in the tools) as "
+        f"one of {', '.join(FORMATS)}, or check that it is a checkpoint of a Hiera or ViT backbone (Hugging Face "
+        "transformers names are not supported: convert with timm first)")
