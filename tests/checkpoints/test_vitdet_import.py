@@ -74,7 +74,9 @@ def test_pkl_file_roundtrip(d2_pair, tmp_path):
     path.write_bytes(pickle.dumps(pkl))
     ours = ViTDet(img_size=1024, global_blocks=(1,), **TINY).eval()
     report = load_vitdet_checkpoint(ours, path)
-    assert report.source == "detectron2" and len(report.matched) == len(ref.state_dict())
+    # every tensor loads; the one renamed (detectron2's flat pos_embed -> winpos pos_embed.pos_embed) is converted
+    assert report.source == "detectron2" and len(report.matched) == len(ref.state_dict()) - 1
+    assert report.converted == [("pos_embed.pos_embed", "renamed from 'backbone.net.pos_embed'")]
     x = torch.randn(1, 3, 224, 320)
     with torch.no_grad():
         assert_parity(ref(x)["last_feat"], ours(x), "detectron2 .pkl")
@@ -107,7 +109,10 @@ def test_sam_parity(sam_encoder):
     report = load_vitdet_weights(ours, sd)
     ignored = {k for k, _ in report.unexpected}
     assert ignored == {k for k in sd if ".neck." in k or k.startswith("prompt_encoder.")}
-    assert [k for k, _ in report.converted] == ["pos_embed.pos_embed"] and not report.missing
+    converted = dict(report.converted)
+    assert converted.pop("pos_embed.pos_embed") == "NHWC grid flattened row-major" and not report.missing
+    assert converted == {k.replace(".lin", ".fc"): f"renamed from 'image_encoder.{k}'" for k in sam_encoder.state_dict()
+                         if ".mlp.lin" in k}
     x = torch.randn(1, 3, 1024, 1024)
     with torch.no_grad():
         assert_parity(sam_trunk(sam_encoder, x), ours(x), "SAM ImageEncoderViT trunk 1024")
@@ -232,7 +237,8 @@ def test_mae_into_vitdet_reports_missing_relpos():
     ours = ViTDet(img_size=1024, global_blocks=(1,), **TINY)
     report = load_vitdet_weights(ours, {"model": mae.state_dict()})
     assert {k for k, _ in report.missing} == {f"blocks.{i}.attn.rel_pos_{a}" for i in range(3) for a in "hw"}
-    assert "pos_embed.pos_embed" in report.matched  # MAE's (1, 197, C) is stored as is, cls row included
+    # MAE's (1, 197, C) is stored as is, cls row included; only its name changes
+    assert dict(report.converted) == {"pos_embed.pos_embed": "renamed from 'pos_embed'"}
 
 
 def test_wrong_shape_names_key_expected_found(d2_pair):

@@ -1,11 +1,13 @@
 """Import the checkpoints people already have (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, the LookHere
 authors' ViT-B, winpos).
 
-Every file is read as data (``torch.load(weights_only=True)``, safetensors, or a restricted unpickler for
-detectron2's ``.pkl``), then renamed and, where the target asks for it, converted (abs -> abs-win exactly, relpos
-tables resampled). ``load_external`` is the one entry point; the per-family converters live in ``hiera.py``,
-``vitdet.py`` and ``lookhere.py`` (the LookHere authors' files, detected by their ``weights`` / ``config`` layout).
-Every converter says what it did with each key in a ``LoadReport`` (``report.py``).
+One pipeline: every file is read as data (``io``: ``torch.load(weights_only=True)``, safetensors, or a restricted
+unpickler for detectron2's ``.pkl``); ``formats.detect`` names its format (one vocabulary, ``formats.Format``); the
+format's adapter (``adapters/``, one file per format) renames the trunk and hands over the position embedding in
+one form; ``convert.convert`` checks shapes, converts the embedding to the target's form (abs -> abs-win exactly),
+resamples relpos tables and writes the ``LoadReport`` (``report.py``). ``load_external`` is the one entry point;
+``hiera.py`` / ``vitdet.py`` keep family-named shortcuts and ``lookhere.py`` builds the target a LookHere file
+needs from its config.
 
 ``load_external`` also accepts winpos's own files, backbone-only or a whole winpos detector (``model_final.pth``:
 the trunk is found under its ``backbone.`` prefix, the other keys are reported), and converts them between every

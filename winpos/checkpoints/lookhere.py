@@ -23,8 +23,7 @@ import re
 import torch
 import torch.nn as nn
 
-from winpos.checkpoints.formats import is_lookhere_container
-from winpos.checkpoints.report import LoadReport
+from winpos.checkpoints.formats import Format, is_lookhere_container
 from winpos.errors import WinposError
 
 __all__ = ["is_lookhere_checkpoint", "read_lookhere_config", "vitdet_overrides", "convert_lookhere_checkpoint",
@@ -33,10 +32,6 @@ __all__ = ["is_lookhere_checkpoint", "read_lookhere_config", "vitdet_overrides",
 _LH_KEYS = ("global_slope", "layer_slopes", "head_directions", "distance", "fill_with")
 _BLOCK = re.compile(r"^blocks\.(\d+)\.(norm1|attn\.qkv|attn\.proj|ls1|norm2|mlp\.fc1|mlp\.fc2|ls2)\."
                     r"(weight|bias|gamma)$")
-_DROPPED = {
-    "cls_token": "ViTDet has no cls token (in the authors' model every patch also attends to it, unbiased)",
-    "pos_embed": "a LookHere model adds no position embedding (the authors' LookHere deletes it)",
-}
 _RELEASED_HEADS = 12  # the released models are ViT-B/16; the file does not store the head count
 LAYER_SCALE_INIT = 1e-4  # DeiT-III's init; every value is replaced by the checkpoint's gamma
 NORM_EPS = 1e-5  # torch's LayerNorm default, which the authors' ViT uses
@@ -168,30 +163,10 @@ def convert_lookhere_checkpoint(obj, target="vitdet_b", recipe: str = "lookhere"
     else:
         model = target
     _check_target(model, config, depth)
-    own = model.state_dict()
-    report = LoadReport("lookhere", target="winpos ViTDet")
-    sd = {}
-    for key, value in obj["weights"].items():
-        if not isinstance(value, torch.Tensor):
-            report.add_unexpected(str(key), f"not a tensor ({type(value).__name__})", known=False)
-        elif key in _DROPPED:
-            report.add_unexpected(key, _DROPPED[key])
-        elif key.startswith("norm."):
-            report.add_unexpected(key, "final norm before the classifier; ViTDet's trunk ends at the last block")
-        elif key.startswith("head."):
-            report.add_unexpected(key, "classifier head")
-        elif key in own and (_BLOCK.match(key) or key.startswith("patch_embed.proj.")):
-            if tuple(value.shape) != tuple(own[key].shape):
-                raise WinposError(f"checkpoint key {key!r} has shape {tuple(value.shape)} but the model expects "
-                                  f"{tuple(own[key].shape)}; the file is not a ViT-B/16: use a preset of its size")
-            sd[key] = value
-            report.add_matched(key)
-        else:
-            report.add_unexpected(key, "no such parameter in the target model", known=False)
-    for key in own:
-        if key not in sd:
-            report.add_missing(key, "not in the source checkpoint; keeps its initialization (a trunk weight: is this "
-                                    "the right checkpoint?)")
+    from winpos.checkpoints.adapters import adapt
+    from winpos.checkpoints.convert import convert
+
+    sd, report = convert(adapt(obj, Format.LOOKHERE), model, "winpos ViTDet")
     settings = ", ".join(f"{k}={v!r}" for k, v in config.items())
     report.add_unexpected("config", f"LookHere settings, not weights: the target was built with {settings} "
                                     "(the authors' units); rebuild it with vitdet_overrides(config) to load these "

@@ -12,13 +12,13 @@ class LoadReport:
 
     source: the checkpoint family (``"sam2"``, ``"hiera"``, ``"detectron2"``, ...).
     target: what it was converted into, for ``summary()`` (e.g. ``"winpos ViTDet"``).
-    matched: target keys whose value was copied unchanged, from the same name once the checkpoint's container
+    matched: target keys whose value was copied unchanged under the same name, once the checkpoint's container
         prefix (``backbone.net.``, ``image_encoder.trunk.``) is removed.
-    converted: ``(target key, how)`` for exact changes: a re-layout (NHWC -> flat, cls row dropped, abs -> abs-win)
-        or, from Hiera-family checkpoints, a rename (``"renamed from '<source key>'"``; the ViTDet importers count
-        renames such as SAM's ``mlp.lin1`` -> ``mlp.fc1`` as matched).
+    converted: ``(target key, how)`` for exact changes: a rename (``"renamed from '<source key>'"``, e.g. SAM's
+        ``mlp.lin1`` -> ``mlp.fc1`` or any flat ``pos_embed`` -> ``pos_embed.pos_embed``) or a re-layout (NHWC ->
+        flat, cls row dropped or added, abs -> abs-win). One rule for every format (``winpos.checkpoints.convert``).
     reshaped: ``(target key, how)`` for values that were transformed beyond a re-layout (relpos resampling,
-        resized embeddings), some of them lossy.
+        resized or materialized embeddings), some of them lossy.
     missing: ``(target key, why)`` for parameters the checkpoint lacks; they keep their initialization.
     unexpected: ``(source key, why)`` for checkpoint keys that were not loaded.
     unknown: the source keys among ``unexpected`` that no rule recognised (a strict load refuses them).

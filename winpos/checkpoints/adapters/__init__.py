@@ -1,0 +1,34 @@
+"""One adapter per checkpoint format: a flat source state dict -> ``convert.Adapted`` (winpos trunk names plus the
+token position embedding in one form).
+
+An adapter only renames and sorts; every check and conversion is ``winpos.checkpoints.convert.convert``. Adding a
+checkpoint format is one new file here with an ``adapt(state_dict) -> Adapted`` function, its name in
+``formats.Format`` (with a rule in ``formats.detect``) and one line in ``ADAPTERS`` below.
+"""
+from __future__ import annotations
+
+from winpos.checkpoints.adapters import detectron2, hiera, lookhere, mae, sam, sam2, timm_abswin, winpos_native
+from winpos.checkpoints.convert import Adapted
+from winpos.checkpoints.formats import Format
+
+ADAPTERS = {
+    Format.SAM2: sam2.adapt,
+    Format.HIERA: hiera.adapt,
+    Format.TIMM_HIERA: hiera.adapt,
+    Format.TIMM_ABSWIN: timm_abswin.adapt,
+    Format.SAM: sam.adapt,
+    Format.MAE: mae.adapt,
+    Format.DETECTRON2: detectron2.adapt,
+    Format.WINPOS: winpos_native.adapt,
+    Format.LOOKHERE: lookhere.adapt,
+}
+
+
+def adapt(state_dict: dict, fmt: Format) -> Adapted:
+    """The ``Adapted`` form of a flat state dict of format ``fmt`` (``report.source`` is the format's name)."""
+    adapted = ADAPTERS[Format(fmt)](state_dict)
+    adapted.source = Format(fmt).value
+    return adapted
+
+
+__all__ = ["ADAPTERS", "adapt"]

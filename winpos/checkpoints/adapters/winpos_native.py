@@ -1,0 +1,29 @@
+"""winpos's own HieraDet / ViTDet files, backbone-only (``load_external`` finds the trunk inside a whole detector).
+
+Every ``pos_embed`` choice converts into every other: ``pos_embed.pos_embed`` (flat, with a cls row for a ViTDet
+built with ``pretrain_use_cls_token``) or ``pos_embed.global_embed`` + ``pos_embed.window_embed``; a file without
+either had ``pos_embed="none"``. All other tensors keep their names.
+"""
+from __future__ import annotations
+
+from winpos.checkpoints.adapters._common import abswin_pair
+from winpos.checkpoints.convert import Adapted, Position
+from winpos.posemb.interp import split_flat_embedding
+
+_POS = {"pos_embed.global_embed": "global", "pos_embed.window_embed": "window"}
+
+
+def adapt(state_dict: dict) -> Adapted:
+    a = Adapted("winpos")
+    pair = {}
+    for key, value in state_dict.items():
+        if key == "pos_embed.pos_embed":
+            grid, cls = split_flat_embedding(value, key)
+            a.position = Position("abs", grid=grid, cls=cls, grid_key=key, stored_shape=tuple(value.shape))
+        elif key in _POS:
+            pair[_POS[key]] = (key, value)
+        else:
+            a.trunk[key] = (key, value)
+    if pair:
+        a.position = abswin_pair(pair, antialias=False)
+    return a
