@@ -21,30 +21,12 @@ import os
 import torch.nn as nn
 
 from winpos.backbones.common import may_keep_init
+from winpos.checkpoints.adapters.winpos_native import trunk_prefix
 from winpos.checkpoints.formats import FORMATS, Format, detect, parse_format
 from winpos.checkpoints.io import (check_finite_state_dict, load_checkpoint_object, load_state_dict_file,
                                    unwrap_state_dict)
 from winpos.checkpoints.report import LoadReport
 from winpos.errors import WinposError
-
-_FOREIGN_PREFIXES = ("image_encoder.trunk.", "image_encoder.")  # SAM2 / SAM containers, handled by the converters
-
-
-def _winpos_trunk_prefix(flat: dict, vit: bool) -> str:
-    """The key prefix of a winpos backbone inside a whole-detector checkpoint (``backbone.net.`` for HieraDet,
-    ``backbone.net.net.`` for ViTDet), or ``""`` when the trunk is at the top level or the file is not winpos's."""
-    if "patch_embed.proj.weight" in flat:
-        return ""
-    prefixes = {k[:-len("patch_embed.proj.weight")] for k in flat if k.endswith(".patch_embed.proj.weight")}
-    if len(prefixes) != 1:
-        return ""
-    (prefix,) = prefixes
-    if prefix in _FOREIGN_PREFIXES:
-        return ""
-    if vit and not any(k.startswith(prefix + "pos_embed.") for k in flat) and prefix == "backbone.net.":
-        return ""  # detectron2's ViTDet names (flat backbone.net.pos_embed): the detectron2 converter reads them
-    return prefix
-
 
 def _resolve_target(target, recipe, overrides) -> nn.Module:
     if isinstance(target, nn.Module):
@@ -94,7 +76,7 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
     flat = unwrap_state_dict(obj, source="checkpoint")
     outside = []
     if fmt == Format.WINPOS:
-        prefix = _winpos_trunk_prefix(flat, is_vit)
+        prefix = trunk_prefix(flat, is_vit)
         if prefix:
             outside = [k for k in flat if not k.startswith(prefix)]
             flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}

@@ -21,15 +21,12 @@ from winpos.checkpoints.formats import FORMATS, Format, detect, parse_format
 from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
 from winpos.diagnostics.metrics import abswin_embed, abswin_parts_from_grid
 from winpos.errors import as_hw
-from winpos.posemb.interp import split_flat_embedding
 
 __all__ = ["EmbeddingInfo", "FORMATS", "effective_embeddings"]
 
 
 _NATIVE_PX = {Format.SAM2: 1024, Format.WINPOS: 1024}  # SAM2 trains every size at 1024 px; winpos targets detection
 
-# Hook for winpos's own layout: the last key components of (global, window) or of a plain embedding.
-_WINPOS_KEYS = {"global": "global_embed", "window": "window_embed", "plain": "pos_embed.pos_embed"}
 
 
 @dataclass
@@ -75,79 +72,44 @@ class EmbeddingInfo:
         return abswin_embed(self.global_embed, self.window_embed, hw, antialias=self.antialias)
 
 
-def _patch_kernel(sd: dict, prefix: str) -> int | None:
-    w = sd.get(prefix + "patch_embed.proj.weight")
-    return int(w.shape[-1]) if isinstance(w, torch.Tensor) and w.dim() == 4 else None
+def _adapted_position(sd: dict, fmt: Format):
+    """The format's adapter on ``sd``: ``(Position or None, patch-embedding kernel or None, key prefix)``.
+
+    winpos's own files may hold a whole detector: the trunk is found under its prefix first. A video Hiera's
+    spatial embedding (``pos_embed_spatial``) is read as an image Hiera's ``pos_embed``.
+    """
+    from winpos.checkpoints.adapters import adapt
+    from winpos.checkpoints.adapters.winpos_native import trunk_prefix
+
+    prefix = trunk_prefix(sd) if fmt == Format.WINPOS else ""
+    if prefix:
+        sd = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix)}
+    video = fmt in (Format.HIERA, Format.TIMM_HIERA) and "pos_embed_spatial" in sd
+    if video:
+        sd = {"pos_embed": sd["pos_embed_spatial"]}
+    adapted = adapt(sd, fmt)
+    pos = adapted.position
+    if video and pos is not None:
+        pos.grid_key = "pos_embed_spatial"
+    patch = adapted.trunk.get("patch_embed.proj.weight", (None, None))[1]
+    kernel = int(patch.shape[-1]) if isinstance(patch, torch.Tensor) and patch.dim() == 4 else None
+    return pos, kernel, prefix
 
 
-def _groups(sd: dict) -> dict[str, set[str]]:
-    """Group candidate position keys by their module prefix."""
-    names = ("pos_embed", "pos_embed_window", "pos_embed_win", "pos_embed_spatial", "position_embeddings",
-             _WINPOS_KEYS["global"], _WINPOS_KEYS["window"])
-    out: dict[str, set[str]] = {}
-    for k in sd:
-        prefix, _, last = k.rpartition(".")
-        if last in names:
-            out.setdefault(prefix + "." if prefix else "", set()).add(last)
-    return out
-
-
-def _fits(sd: dict, prefix: str, lasts: set[str], fmt: Format) -> bool:
-    """Whether a key group holds an embedding of ``fmt``."""
-    def dims(last):
-        t = sd.get(prefix + last)
-        return t.dim() if isinstance(t, torch.Tensor) else None
-
-    if fmt == "sam2":
-        return "pos_embed_window" in lasts and dims("pos_embed") == 4
-    if fmt == Format.TIMM_ABSWIN:
-        return "pos_embed_win" in lasts and dims("pos_embed") == 4
-    if fmt == "winpos":
-        return {_WINPOS_KEYS["global"], _WINPOS_KEYS["window"]} <= lasts or dims("pos_embed") == 3
-    if fmt == "sam":
-        return dims("pos_embed") == 4 and not ({"pos_embed_window", "pos_embed_win"} & lasts)
-    return any(dims(k) == 3 for k in ("pos_embed", "pos_embed_spatial", "position_embeddings"))
-
-
-def _nchw(t: torch.Tensor, key: str) -> torch.Tensor:
-    if t.dim() != 4 or t.shape[0] != 1:
-        raise ValueError(f"'{key}' has shape {tuple(t.shape)}, expected (1, C, h, w)")
-    return t[0].float()
-
-
-def _build(sd: dict, prefix: str, lasts: set[str], fmt: Format, window: int | None, resolution) -> EmbeddingInfo:
+def _build(pos, kernel: int | None, prefix: str, fmt: Format, window: int | None, resolution) -> EmbeddingInfo:
     spec = fmt.spec
     notes: list[str] = []
     gparts = None
-    if fmt in (Format.SAM2, Format.TIMM_ABSWIN):
-        wkey = prefix + ("pos_embed_window" if fmt == "sam2" else "pos_embed_win")
-        name = prefix + "pos_embed"
-        gparts = (_nchw(sd[name], name), _nchw(sd[wkey], wkey))
-    elif fmt == "winpos" and _WINPOS_KEYS["global"] in lasts:
-        name = prefix + _WINPOS_KEYS["global"]
-        wkey = prefix + _WINPOS_KEYS["window"]
-        gparts = (_nchw(sd[name], name), _nchw(sd[wkey], wkey))
-        notes.append("winpos checkpoint layout is provisional (global/window embeddings assumed NCHW)")
-    elif fmt == "sam":
-        name = prefix + "pos_embed"
-        t = sd[name]
-        if t.dim() != 4 or t.shape[0] != 1:
-            raise ValueError(f"'{name}' has shape {tuple(t.shape)}, expected SAM's (1, H, W, C)")
-        grid = t[0].permute(2, 0, 1).float()
+    if pos.kind == "abswin":
+        name = prefix + pos.global_key
+        gparts = (pos.global_embed[0].float(), pos.window_embed[0].float())
     else:
-        name = prefix + next(k for k in ("pos_embed", "pos_embed_spatial", "position_embeddings") if k in lasts)
-        has_cls = None if fmt in (Format.MAE, Format.DETECTRON2, Format.WINPOS) else False
-        grid, cls = split_flat_embedding(sd[name], name, has_cls)
-        grid = grid[0].float()
-        if cls is not None:
+        name = prefix + pos.grid_key
+        grid = pos.grid[0].float()
+        if pos.cls is not None:
             notes.append("cls row dropped (as detectron2's get_abs_pos does)")
-    stride = spec.stride
-    if fmt in ("mae", "winpos"):
-        # winpos nests its parameters in a `pos_embed` module: the patch embed sits next to that module
-        model_prefix = prefix[: -len("pos_embed.")] if prefix.endswith("pos_embed.") else prefix
-        kernel = _patch_kernel(sd, model_prefix)
-        stride = kernel if kernel is not None and kernel >= 14 else spec.stride
-    default_w = 14 if fmt == "winpos" and stride >= 14 else spec.window  # winpos ViT vs HieraDet
+    stride = kernel if kernel is not None and kernel >= 14 else spec.stride  # ViT stems: stride = kernel
+    default_w = 14 if fmt == Format.WINPOS and stride >= 14 else spec.window  # winpos ViT vs HieraDet
     w = window or (int(gparts[1].shape[-1]) if gparts is not None else default_w)
 
     if gparts is not None:
@@ -194,7 +156,7 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
             default). Stored-grid families only accept their own size here.
         window: window size override in tokens (e.g. 56 for SAM2's 224-px super-window).
     Returns:
-        A list of ``EmbeddingInfo``, one per embedding found (usually one).
+        A list with the ``EmbeddingInfo`` of the backbone's token embedding (empty never: no embedding raises).
     Raises:
         ValueError: no position embedding found (lists a sample of the keys), or shapes that do not fit the format.
     """
@@ -214,12 +176,16 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
             fmt = detect(obj)
         except ValueError as e:
             raise ValueError(f"no absolute position embedding found in checkpoint '{source}': {e}") from None
+    try:
+        pos, kernel, prefix = _adapted_position(sd, fmt)
+    except ValueError as e:  # the forced format's adapter found the keys in another form
+        if format == "auto":
+            raise
+        raise ValueError(f"no absolute position embedding of format '{fmt}' found in checkpoint '{source}': "
+                         f"{e}") from None
     infos = []
-    for prefix, lasts in sorted(_groups(sd).items()):
-        fam = fmt
-        if not _fits(sd, prefix, lasts, fam):
-            continue
-        info = _build(sd, prefix, lasts, fam, window, resolution)
+    if pos is not None:
+        info = _build(pos, kernel, prefix, fmt, window, resolution)
         info.source = source
         infos.append(info)
     if not infos:

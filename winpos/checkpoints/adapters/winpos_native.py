@@ -27,3 +27,23 @@ def adapt(state_dict: dict) -> Adapted:
     if pair:
         a.position = abswin_pair(pair, antialias=False)
     return a
+
+
+_FOREIGN_PREFIXES = ("image_encoder.trunk.", "image_encoder.")  # SAM2 / SAM containers, read by their adapters
+
+
+def trunk_prefix(flat: dict, vit: bool = False) -> str:
+    """The key prefix of a winpos backbone inside a whole-detector checkpoint (``backbone.net.`` for HieraDet,
+    ``backbone.net.net.`` for ViTDet), or ``""`` when the trunk is at the top level or the file is not winpos's.
+    ``vit``: the target is a ViTDet, so ``backbone.net.`` with a flat ``pos_embed`` is detectron2's layout."""
+    if "patch_embed.proj.weight" in flat:
+        return ""
+    prefixes = {k[:-len("patch_embed.proj.weight")] for k in flat if k.endswith(".patch_embed.proj.weight")}
+    if len(prefixes) != 1:
+        return ""
+    (prefix,) = prefixes
+    if prefix in _FOREIGN_PREFIXES:
+        return ""
+    if vit and not any(k.startswith(prefix + "pos_embed.") for k in flat) and prefix == "backbone.net.":
+        return ""  # detectron2's ViTDet names (flat backbone.net.pos_embed): the detectron2 adapter reads them
+    return prefix
