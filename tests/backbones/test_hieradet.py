@@ -15,7 +15,8 @@ from winpos.backbones.registry import create, list_presets
 from winpos.checkpoints.hiera import load_hiera_checkpoint
 from winpos.posemb import rope
 
-TINY = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,), window_spec=(8, 4, 14, 7))
+SAM2_TINY = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,), window_spec=(8, 4, 14, 7))
+TINY = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_blocks=(3,), window_spec=(8, 4, 14, 7))  # winpos names
 SIZES = ("hieradet_toy", "hieradet_t", "hieradet_s", "hieradet_b", "hieradet_bplus", "hieradet_l", "hieradet_h")
 
 
@@ -27,7 +28,7 @@ def tiny(**kw):
 @pytest.fixture(scope="module")
 def sam2_pair():
     hieradet = require("sam2.modeling.backbones.hieradet")
-    ref = hieradet.Hiera(**TINY, window_pos_embed_bkg_spatial_size=(7, 7)).eval()
+    ref = hieradet.Hiera(**SAM2_TINY, window_pos_embed_bkg_spatial_size=(7, 7)).eval()
     randomize_(ref)
     ours = tiny(img_size=1024)
     report = load_hiera_checkpoint(ours, ref.state_dict())
@@ -114,7 +115,7 @@ def test_global_pooling_block_never_attends_to_padding():
 @settings(max_examples=12, deadline=None)
 @given(h=st.integers(1, 200), w=st.integers(1, 200))
 def test_output_sizes_are_ceil(h, w):
-    model = HieraDet(embed_dim=8, num_heads=1, stages=(1, 1, 1, 1), global_att_blocks=(2,),
+    model = HieraDet(embed_dim=8, num_heads=1, stages=(1, 1, 1, 1), global_blocks=(2,),
                      window_spec=(8, 4, 14, 7), pos_global_size=7).eval()
     with torch.no_grad():
         out = model(torch.randn(1, 3, h, w))
@@ -266,7 +267,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="one window per stage"):
         tiny(window_spec=(8, 4, 14))
     with pytest.raises(ValueError, match=r"outside the 5 blocks"):
-        tiny(global_att_blocks=(5,))
+        tiny(global_blocks=(5,))
     with pytest.raises(ValueError, match="pad_mode"):
         tiny(pad_mode="reflect")
 
@@ -299,7 +300,7 @@ def test_bf16_autocast_close_to_fp32():
 def test_torch_compile_static_shape():
     # aot_eager traces the model exactly like inductor (dynamo + AOT autograd) but skips C++ codegen, which takes
     # minutes on a 2-core CPU runner.
-    model = randomize_(HieraDet(embed_dim=8, num_heads=1, stages=(1, 1, 1, 1), global_att_blocks=(2,),
+    model = randomize_(HieraDet(embed_dim=8, num_heads=1, stages=(1, 1, 1, 1), global_blocks=(2,),
                                 window_spec=(8, 4, 4, 2), pos_global_size=7)).eval()
     x = torch.randn(1, 3, 64, 64)
     compiled = torch.compile(model, backend="aot_eager")

@@ -13,7 +13,7 @@ from winpos.posemb.interp import resize_grid
 
 
 # Official Hiera's attention layout: mask units (8x8, then 4x4) in stages 1-2, global in 3-4 (Ryali et al. 2023, Hiera).
-HIERA_LAYOUT = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), window_spec=(8, 4, 0, 0), global_att_blocks=())
+HIERA_LAYOUT = dict(embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), window_spec=(8, 4, 0, 0), global_blocks=())
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_timm_abswin_trunk():
     ref = randomize_(timm.create_model("hiera_small_abswin_256", pretrained=False, embed_dim=16,
                                        stages=(1, 1, 2, 1), num_classes=0).eval())
     # timm's abs-win: 16x16 global grid resized with antialias, LayerScale, no expand projection.
-    ours = HieraDet(img_size=256, pos_embed="abswin", pos_global_size=16, pos_antialias=True, init_values=1e-5,
+    ours = HieraDet(img_size=256, pos_embed="abswin", pos_global_size=16, pos_antialias=True, layer_scale_init=1e-5,
                     expand_proj=False, **HIERA_LAYOUT)
     report = load_hiera_checkpoint(ours, ref.state_dict())
     assert report.source == "timm_abswin" and not report.missing
@@ -125,7 +125,7 @@ def test_sam2_checkpoint_container(sam2_trunk):
                       "image_encoder.neck.convs.0.conv.weight": torch.ones(256, 128, 1, 1),
                       "sam_mask_decoder.iou_token.weight": torch.ones(1, 256)}}
     ours = HieraDet(pos_embed="abswin", pos_global_size=7, embed_dim=16, num_heads=1, stages=(1, 1, 2, 1),
-                    global_att_blocks=(3,))
+                    global_blocks=(3,))
     report = load_hiera_checkpoint(ours, ckpt)
     assert report.source == "sam2" and not report.missing and not report.reshaped
     assert {k for k, _ in report.unexpected} == {"image_encoder.neck.convs.0.conv.weight",
@@ -139,7 +139,7 @@ def test_sam2_checkpoint_container(sam2_trunk):
 
 
 def test_sam2_abswin_materialized_as_abs(sam2_trunk):
-    ours = HieraDet(pos_embed="abs", embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,))
+    ours = HieraDet(pos_embed="abs", embed_dim=16, num_heads=1, stages=(1, 1, 2, 1), global_blocks=(3,))
     report = load_hiera_checkpoint(ours, sam2_trunk.state_dict())
     assert "materialized" in dict(report.reshaped)["pos_embed.pos_embed"]
     with torch.no_grad():
@@ -149,16 +149,16 @@ def test_sam2_abswin_materialized_as_abs(sam2_trunk):
 # ------------------------------------------------------------------------------------------ report, errors
 def test_new_block_terms_are_reported_missing(sam2_trunk):
     ours = HieraDet(pos_embed="abswin", pos_global_size=7, global_pos="relpos", embed_dim=16, num_heads=1,
-                    stages=(1, 1, 2, 1), global_att_blocks=(3,))
+                    stages=(1, 1, 2, 1), global_blocks=(3,))
     report = load_hiera_checkpoint(ours, sam2_trunk.state_dict())
     assert {k for k, _ in report.missing} == {"blocks.3.attn.rel_pos_h", "blocks.3.attn.rel_pos_w"}
     assert all("relpos" in reason for _, reason in report.missing)
     deeper = HieraDet(pos_embed="abswin", pos_global_size=7, embed_dim=16, num_heads=1, stages=(1, 1, 2, 2),
-                      global_att_blocks=(3,))  # one more block at the end: blocks.5 is not in the checkpoint
+                      global_blocks=(3,))  # one more block at the end: blocks.5 is not in the checkpoint
     with pytest.raises(ValueError, match="lacks .* trunk weights"):
         load_hiera_checkpoint(deeper, sam2_trunk.state_dict())
     shallower = HieraDet(pos_embed="abswin", pos_global_size=7, embed_dim=16, num_heads=1, stages=(1, 1, 1, 1),
-                         global_att_blocks=())
+                         global_blocks=())
     with pytest.raises(ValueError, match="checkpoint key 'blocks.3.attn.qkv.weight'"):
         load_hiera_checkpoint(shallower, sam2_trunk.state_dict())  # block 3 opens stage 4 there: 2x wider
 
@@ -176,7 +176,7 @@ def test_formats_and_bad_checkpoints(official, sam2_trunk, tmp_path):
     assert hiera_format(official.state_dict()) == "hiera"
     assert hiera_format(sam2_trunk.state_dict()) == "sam2"
     ours = HieraDet(pos_embed="abswin", pos_global_size=7, embed_dim=16, num_heads=1, stages=(1, 1, 2, 1),
-                    global_att_blocks=(3,))
+                    global_blocks=(3,))
     assert hiera_format(ours.state_dict()) == "winpos"
     sd, report = convert_hiera_checkpoint(sam2_trunk.state_dict())  # no target: keeps the source's form
     assert isinstance(report, LoadReport) and sd["pos_embed.global_embed"].shape == (1, 16, 7, 7)

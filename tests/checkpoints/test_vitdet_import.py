@@ -120,7 +120,7 @@ def test_sam_parity(sam_encoder):
 
 def test_sam_to_abswin_exact_with_full_global(sam_encoder):
     """abs_to_abswin with w=14 on SAM's 64x64 grid keeps the residual at 64x64: the model reproduces SAM."""
-    ours = ViTDet(img_size=1024, global_blocks=(1,), pos_embed="abswin", abswin_global_size=64, **TINY).eval()
+    ours = ViTDet(img_size=1024, global_blocks=(1,), pos_embed="abswin", pos_global_size=64, **TINY).eval()
     _, report = convert_sam_image_encoder(sam_encoder.state_dict(), ours)
     load_vitdet_weights(ours, sam_encoder.state_dict(), source="sam")
     assert not report.reshaped

@@ -147,9 +147,9 @@ class DropPath(nn.Module):
 
 
 class LayerScale(nn.Module):
-    def __init__(self, dim, init_values):
+    def __init__(self, dim, layer_scale_init):
         super().__init__()
-        self.gamma = nn.Parameter(init_values * torch.ones(dim))
+        self.gamma = nn.Parameter(layer_scale_init * torch.ones(dim))
 
     def forward(self, x):
         return x * self.gamma
@@ -181,6 +181,13 @@ def is_position_param(name: str, position_keys=POSITION_KEYS) -> bool:
     """Whether parameter ``name`` is a position parameter (its name holds one of ``position_keys``)."""
     return any(k in name for k in position_keys)
 
+
+# The recipes mean the same in both families: "original" = the model as its upstream ships it (detectron2's ViTDet:
+# abs + relpos everywhere; SAM2's HieraDet: abs-win), "paper" = Bolya et al.'s fix (abs-win, relpos kept only in the
+# global blocks), "rope" = abs-win + axial RoPE in every block, "lookhere" = no token embedding, LookHere-45 in every
+# block. LookHere-45 uses winpos's spread head layout, which earlier recipe models were trained with: the authors'
+# layout for 12 heads, different at 16 (ViT-L/H, Hiera-B+/L's last stage; build with layout="official" for theirs).
+LOOKHERE_45 = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
 
 LAYER_SCALE_KEYS = (".ls1.", ".ls2.")
 

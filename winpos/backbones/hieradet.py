@@ -34,7 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from winpos.backbones.common import (
-    POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
+    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import as_hw, check_choice
@@ -57,7 +57,7 @@ class BlockSpec:
     q_stride: int
 
 
-def block_schedule(embed_dim, num_heads, stages, window_spec, global_att_blocks, dim_mul=2.0, head_mul=2.0):
+def block_schedule(embed_dim, num_heads, stages, window_spec, global_blocks, dim_mul=2.0, head_mul=2.0):
     """SAM2's block schedule with the lag rule, as a list of ``BlockSpec`` (validated, with fixes in errors)."""
     stages = tuple(stages)
     if len(stages) != 4 or any(not isinstance(d, int) or d < 1 for d in stages):
@@ -68,14 +68,14 @@ def block_schedule(embed_dim, num_heads, stages, window_spec, global_att_blocks,
     if any(not isinstance(w, int) or w < 0 for w in window_spec):
         raise ValueError(f"window_spec={tuple(window_spec)!r} must hold non-negative ints (0 = global attention)")
     depth = sum(stages)
-    bad = [b for b in global_att_blocks if not 0 <= b < depth]
+    bad = [b for b in global_blocks if not 0 <= b < depth]
     if bad:
-        raise ValueError(f"global_att_blocks {bad} are outside the {depth} blocks of stages={stages}; "
+        raise ValueError(f"global_blocks {bad} are outside the {depth} blocks of stages={stages}; "
                          f"use indices in [0, {depth - 1}]")
     stage_ends = [sum(stages[: i + 1]) - 1 for i in range(len(stages))]
     specs, dim, heads, stage = [], embed_dim, num_heads, 0
     for i in range(depth):
-        window = 0 if i in global_att_blocks else window_spec[stage]  # read before the stage advances (lag)
+        window = 0 if i in global_blocks else window_spec[stage]  # read before the stage advances (lag)
         dim_out, q_stride = dim, 1
         if i - 1 in stage_ends:
             dim_out, heads, stage, q_stride = int(dim * dim_mul), int(heads * head_mul), stage + 1, Q_STRIDE
@@ -109,7 +109,7 @@ class HieraBlock(nn.Module):
     ``cat(MaxPool(x), AvgPool(x))`` of the un-normalized input instead of ``MaxPool(Linear(norm1(x)))``.
     """
 
-    def __init__(self, spec: BlockSpec, mlp_ratio=4.0, drop_path=0.0, init_values=None, expand_proj=True,
+    def __init__(self, spec: BlockSpec, mlp_ratio=4.0, drop_path=0.0, layer_scale_init=None, expand_proj=True,
                  norm_eps=1e-6, position="none", extent=(14, 14), num_layers=1, pad_mode="zeros"):
         super().__init__()
         self.dim, self.dim_out, self.window, self.q_stride = spec.dim, spec.dim_out, spec.window, spec.q_stride
@@ -124,8 +124,8 @@ class HieraBlock(nn.Module):
         self.attn = Attention(spec.dim, spec.dim_out, spec.num_heads, window_size=spec.window,
                               q_stride=spec.q_stride, position=position, extent=extent, layer_index=spec.index,
                               num_layers=num_layers, pad_mode=pad_mode if spec.window else "mask")
-        self.ls1 = LayerScale(spec.dim_out, init_values) if init_values is not None else nn.Identity()
-        self.ls2 = LayerScale(spec.dim_out, init_values) if init_values is not None else nn.Identity()
+        self.ls1 = LayerScale(spec.dim_out, layer_scale_init) if layer_scale_init is not None else nn.Identity()
+        self.ls2 = LayerScale(spec.dim_out, layer_scale_init) if layer_scale_init is not None else nn.Identity()
         self.drop_path = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(spec.dim_out, eps=norm_eps)
         self.mlp = Mlp(spec.dim_out, int(spec.dim_out * mlp_ratio))
@@ -161,9 +161,9 @@ class HieraDet(WindowedBackbone):
         embed_dim, num_heads: stage-1 channels and heads; both grow by ``dim_mul`` / ``head_mul`` per stage.
         stages: blocks per stage, e.g. (1, 2, 7, 2).
         window_spec: window per stage in that stage's tokens (0 = global); lag rule, see the module docstring.
-        global_att_blocks: block indices that attend globally whatever their stage's window.
+        global_blocks: block indices that attend globally whatever their stage's window.
         mlp_ratio, drop_path_rate: MLP width and stochastic-depth rate (linear over blocks).
-        init_values: LayerScale init (timm ``hiera_*_abswin``), None for none.
+        layer_scale_init: LayerScale init (timm ``hiera_*_abswin``), None for none.
         expand_proj: shortcut of dim-doubling blocks; see ``HieraBlock``.
         norm_eps: LayerNorm epsilon.
         pos_embed: one of ``POS_EMBEDS``: ``"abswin"`` (SAM2), ``"abswin_recursive"`` (the paper's HieraDet),
@@ -182,7 +182,7 @@ class HieraDet(WindowedBackbone):
 
     def __init__(self, img_size=1024, pretrain_img_size=224, in_chans=3, embed_dim=96, num_heads=1,
                  stages=(2, 3, 16, 3), dim_mul=2.0, head_mul=2.0, window_spec=(8, 4, 14, 7),
-                 global_att_blocks=(12, 16, 20), mlp_ratio=4.0, drop_path_rate=0.0, init_values=None,
+                 global_blocks=(12, 16, 20), mlp_ratio=4.0, drop_path_rate=0.0, layer_scale_init=None,
                  expand_proj=True, norm_eps=1e-6, pos_embed="abswin", pos_global_size=14, pos_window_size=None,
                  pos_base_hw=None, pos_antialias=False, pos_init_std=0.02, window_pos="none", global_pos="none",
                  pad_mode="zeros", use_checkpoint=False, return_interm_layers=True):
@@ -190,9 +190,9 @@ class HieraDet(WindowedBackbone):
         check_choice("pos_embed", pos_embed, POS_EMBEDS)
         check_choice("pad_mode", pad_mode, PAD_MODES)
         img_hw = as_hw(img_size, "img_size")
-        specs = block_schedule(embed_dim, num_heads, stages, window_spec, tuple(global_att_blocks), dim_mul, head_mul)
+        specs = block_schedule(embed_dim, num_heads, stages, window_spec, tuple(global_blocks), dim_mul, head_mul)
         self.in_chans, self.pos_embed_kind = in_chans, pos_embed
-        self.window_spec, self.global_att_blocks = tuple(window_spec), tuple(global_att_blocks)
+        self.window_spec, self.global_blocks = tuple(window_spec), tuple(global_blocks)
         self.stage_ends = [sum(stages[: i + 1]) - 1 for i in range(len(stages))]
         self.num_layers = len(specs)
         self.use_checkpoint, self.return_interm_layers = use_checkpoint, return_interm_layers
@@ -208,7 +208,7 @@ class HieraDet(WindowedBackbone):
             in_stage = spec.stage - (spec.q_stride > 1)
             extent = spec.window or tuple(-(-s // 2 ** (in_stage + 2)) for s in img_hw)
             self.blocks.append(HieraBlock(
-                spec, mlp_ratio, p, init_values, expand_proj, norm_eps,
+                spec, mlp_ratio, p, layer_scale_init, expand_proj, norm_eps,
                 position=window_pos if spec.window else global_pos, extent=extent,
                 num_layers=len(specs), pad_mode=pad_mode))
         self.channels = [specs[e].dim_out for e in self.stage_ends]
@@ -248,28 +248,26 @@ class HieraDet(WindowedBackbone):
 # takes L's schedule (windows 8, 4, 16, 8). With 16-token stage-3 windows (256 px) the recursive period of the
 # paper recipe is 64 tokens for L and H instead of 56, so every window grid stays aligned.
 SIZES = {
-    "hieradet_toy": dict(embed_dim=32, num_heads=1, stages=(1, 1, 2, 1), global_att_blocks=(3,), pos_global_size=7),
-    "hieradet_t": dict(embed_dim=96, num_heads=1, stages=(1, 2, 7, 2), global_att_blocks=(5, 7, 9), pos_global_size=7),
-    "hieradet_s": dict(embed_dim=96, num_heads=1, stages=(1, 2, 11, 2), global_att_blocks=(7, 10, 13),
+    "hieradet_toy": dict(embed_dim=32, num_heads=1, stages=(1, 1, 2, 1), global_blocks=(3,), pos_global_size=7),
+    "hieradet_t": dict(embed_dim=96, num_heads=1, stages=(1, 2, 7, 2), global_blocks=(5, 7, 9), pos_global_size=7),
+    "hieradet_s": dict(embed_dim=96, num_heads=1, stages=(1, 2, 11, 2), global_blocks=(7, 10, 13),
                        pos_global_size=7),
-    "hieradet_b": dict(embed_dim=96, num_heads=1, stages=(2, 3, 16, 3), global_att_blocks=(12, 16, 20),
+    "hieradet_b": dict(embed_dim=96, num_heads=1, stages=(2, 3, 16, 3), global_blocks=(12, 16, 20),
                        pos_global_size=14),
-    "hieradet_bplus": dict(embed_dim=112, num_heads=2, stages=(2, 3, 16, 3), global_att_blocks=(12, 16, 20),
+    "hieradet_bplus": dict(embed_dim=112, num_heads=2, stages=(2, 3, 16, 3), global_blocks=(12, 16, 20),
                            pos_global_size=14),
-    "hieradet_l": dict(embed_dim=144, num_heads=2, stages=(2, 6, 36, 4), global_att_blocks=(23, 33, 43),
+    "hieradet_l": dict(embed_dim=144, num_heads=2, stages=(2, 6, 36, 4), global_blocks=(23, 33, 43),
                        window_spec=(8, 4, 16, 8), pos_global_size=7, pos_base_hw=64),
-    "hieradet_h": dict(embed_dim=256, num_heads=4, stages=(2, 6, 36, 4), global_att_blocks=(23, 33, 43),
+    "hieradet_h": dict(embed_dim=256, num_heads=4, stages=(2, 6, 36, 4), global_blocks=(23, 33, 43),
                        window_spec=(8, 4, 16, 8), pos_global_size=7, pos_base_hw=64),
 }
 
-_LOOKHERE_45 = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
+# What the four recipes mean, the same in both families: backbones.common (next to LOOKHERE_45).
 RECIPES = {
     "original": dict(pos_embed="abswin", window_pos="none", global_pos="none"),  # SAM2
     "paper": dict(pos_embed="abswin_recursive", window_pos="none", global_pos="relpos"),  # Bolya et al.
     "rope": dict(pos_embed="abswin", window_pos="rope", global_pos="rope"),
-    # LookHere-45 with winpos's spread head layout (the one earlier recipe models used; the authors lay out only 6,
-    # 12 and 16 heads, and differ from it at 16, Hiera-B+/L's last stage).
-    "lookhere": dict(pos_embed="none", window_pos=_LOOKHERE_45, global_pos=_LOOKHERE_45),
+    "lookhere": dict(pos_embed="none", window_pos=LOOKHERE_45, global_pos=LOOKHERE_45),
 }
 
 

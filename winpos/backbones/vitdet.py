@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 from winpos.backbones.common import (
-    POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
+    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import as_hw, check_choice
@@ -113,8 +113,8 @@ class ViTDet(WindowedBackbone):
         pretrain_img_size: image side of the pretraining run; the ``abs`` embedding is stored at
             ``pretrain_img_size / patch_size`` (14 for MAE at 224, 64 for SAM at 1024).
         pretrain_use_cls_token: the ``abs`` embedding keeps a (unused) cls row in front, as MAE / detectron2 do.
-        abswin_global_size: grid of the abswin global embedding (zero-initialized).
-        abswin_antialias: antialiased bicubic for resizing the abswin global embedding.
+        pos_global_size: grid of the abswin global embedding (zero-initialized).
+        pos_antialias: antialiased bicubic for resizing the abswin global embedding.
         pad_mode: ``"zeros"`` (detectron2 / SAM semantics) or ``"mask"`` (padded keys hidden).
         layer_scale_init: LayerScale init value, or None (detectron2 has no LayerScale).
         use_checkpoint: activation checkpointing per block while gradients are recorded.
@@ -124,7 +124,7 @@ class ViTDet(WindowedBackbone):
     def __init__(self, img_size=1024, patch_size=16, in_chans=3, embed_dim=768, depth=12, num_heads=12,
                  mlp_ratio=4.0, qkv_bias=True, drop_path_rate=0.0, norm_eps=1e-6, window_size=14,
                  global_blocks=(2, 5, 8, 11), pos_embed="abs", window_pos="relpos", global_pos="relpos",
-                 pretrain_img_size=224, pretrain_use_cls_token=True, abswin_global_size=14, abswin_antialias=False,
+                 pretrain_img_size=224, pretrain_use_cls_token=True, pos_global_size=14, pos_antialias=False,
                  pad_mode="zeros", layer_scale_init=None, use_checkpoint=False):
         super().__init__()
         self._validate(embed_dim, depth, num_heads, patch_size, window_size, global_blocks, pos_embed, pad_mode)
@@ -143,8 +143,8 @@ class ViTDet(WindowedBackbone):
         self.grid_hw = (img_hw[0] // patch_size, img_hw[1] // patch_size)
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
-        self.pos_embed = self._make_pos_embed(pos_embed, pretrain_use_cls_token, abswin_global_size,
-                                              abswin_antialias)
+        self.pos_embed = self._make_pos_embed(pos_embed, pretrain_use_cls_token, pos_global_size,
+                                              pos_antialias)
         dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # explicit: works under a meta device
         self.blocks = nn.ModuleList()
         for i in range(depth):
@@ -222,17 +222,13 @@ SIZES = {
     "vitdet_h": dict(embed_dim=1280, depth=32, num_heads=16, global_blocks=(7, 15, 23, 31), drop_path_rate=0.5),
 }
 
-# LookHere-45 with winpos's spread head layout, which earlier recipe models were trained with: the same as the
-# authors' layout for ViT-B's 12 heads, different for ViT-L/H's 16 (build with layout="official" for theirs).
-_LOOKHERE_45 = {"kind": "lookhere", "lookhere": {"variant": "45", "layout": "spread"}}
 
-# original: detectron2 as shipped; paper: abs-win with relpos kept only in global blocks (Bolya et al. 2024);
-# rope: abs-win + axial RoPE everywhere; lookhere: no token embedding, LookHere-45 in every block.
+# What the four recipes mean, the same in both families: backbones.common (next to LOOKHERE_45).
 RECIPES = {
     "original": dict(pos_embed="abs", window_pos="relpos", global_pos="relpos"),
     "paper": dict(pos_embed="abswin", window_pos="none", global_pos="relpos"),
     "rope": dict(pos_embed="abswin", window_pos="rope", global_pos="rope"),
-    "lookhere": dict(pos_embed="none", window_pos=_LOOKHERE_45, global_pos=_LOOKHERE_45),
+    "lookhere": dict(pos_embed="none", window_pos=LOOKHERE_45, global_pos=LOOKHERE_45),
 }
 
 
