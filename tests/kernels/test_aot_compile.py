@@ -1,21 +1,115 @@
-"""The kernels compile for sm_90 (H100/H200) through the real Triton compiler, no GPU needed.
+"""The launches ``window_attention`` makes for ViTDet-B, HieraDet-B+ and HieraDet-L at 1024^2 (bf16) compile for
+sm_90a (H100/H200), and what the compiler made of them is fast-path code: the regression guard for the kernels'
+performance before any GPU run.
 
-The interpreter runs kernels as Python, so compile-only errors (branch-dependent types, ``tl.dot`` shape rules,
-shared-memory limits) would otherwise surface only on a GPU. ``aot_compile.py`` lowers the attention kernels
-with every position term on and with none, plus the RoPE kernel, to PTX and a cubin in a fresh process."""
+``aot_compile.py`` builds q, k, v as the backbones do (qkv views, pooled queries), runs the real dispatch forward
+and backward with launches recorded, specializes each launch with Triton's own runtime binder and compiles it for
+sm_90a with the launch's warps and stages, in one fresh process per session (about 2-3 min on 2 cores, less with
+Triton's cache warm). The checks, per kernel and shape:
+
+* vector access: no 2-byte global loads or stores when every 16-bit tensor is 16-byte aligned;
+* cp.async: 16-byte ``LDGSTS`` (the software pipeliner's asynchronous copies) in every kernel's main loop;
+* no register spills;
+* no ptxas C7515 ("wgmma serialized").
+
+A known shortfall is an ``xfail(strict=True)`` entry in ``KNOWN`` with the reason and the planned fix: the
+entry must go when the fix lands (a strict xfail that passes fails the suite). Set ``WINPOS_COMPILE_TABLE`` to a
+file path to write the compile table (markdown) this check measured.
+"""
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.kernels.aot_compile import KERNELS, REPRESENTATIVE, markdown, row_id
+
 HERE = Path(__file__).resolve().parent
+ROW_IDS = [row_id(shape, term, kernel) for shape, term in REPRESENTATIVE for kernel in KERNELS]
+
+# check -> [(row-id regex, reason)]: what the sm_90a compile still shows and why.
+KNOWN = {
+    "vector_access": [
+        (r"Hiera-B\+ .* D56 |Hiera-L .* D72 ", "head_dim 56/72 strides carry no divisibility-by-16 hint, so every "
+         "q/k/v/o/do access is a 2-byte scalar (fix: strides in 16-byte units times a constexpr)"),
+        (r"ViTDet-B .* relpos ", "packed relpos rows (KWH + KWW wide, column offset a runtime value) are read "
+         "with 2-byte loads (fix: rows padded to KH_P + KW_P, constexpr offsets)"),
+    ],
+    "cp_async": [
+        (r" lookhere ", "the `if visit != 0` branch around the dots turns the software pipeliner off (fix: loop "
+         "over a compacted list of visited tiles)"),
+        (r"Hiera-B\+ .* D56 |Hiera-L .* D72 ", "2-byte accesses of head_dim 56/72 "
+         "cannot be copied asynchronously in 16-byte units"),
+    ],
+    "no_spills": [
+        (r"ViTDet-B .* rope attn_bwd_(dq|dkdv)$", "the RoPE un-rotation is an fp32 FMA dot of a 64x64 permutation "
+         "after the main loop (1056 FFMA), on top of 8 warps of live tiles"),
+        (r"Hiera-B\+ s1 w8 D56 rope |Hiera-L ", "scalar 2-byte addressing of head_dim 56/72 tiles (one address per "
+         "element) exhausts the registers"),
+        (r"Hiera-B\+ (s1 w8|s1>2 pool|s2 w4|s2>3 pool|s3 w14 pad) D56 none attn_bwd_dkdv", "dK/dV with scalar "
+         "head_dim-56 addressing"),
+        (r"Hiera-B\+ s3 global D56 relpos attn_bwd_dq", "two 64x64 fp32 drel accumulators next to scalar "
+         "head_dim-56 addressing"),
+        (r"Hiera-B\+ s4 w7 pad D56 lookhere attn_fwd", "LookHere geometry plus scalar head_dim-56 addressing"),
+    ],
+    "no_serialized_wgmma": [
+        (r"ViTDet-B .* (none|relpos) attn_bwd_dkdv", "ptxas serializes the dK/dV wgmma loop (C7515; fix: the "
+         "transposed formulation)"),
+        (r"ViTDet-B .* rope attn_fwd", "ptxas serializes the wgmma loop of the fused-RoPE forward (C7515)"),
+    ],
+}
 
 
-def test_kernels_compile_for_sm90():
+def _known(check: str, rid: str):
+    for pattern, reason in KNOWN[check]:
+        if re.search(pattern, rid):
+            return reason
+    return None
+
+
+def _params(check: str):
+    return [pytest.param(rid, id=rid, marks=pytest.mark.xfail(strict=True, reason=reason) if reason else ())
+            for rid in ROW_IDS for reason in [_known(check, rid)]]
+
+
+@pytest.fixture(scope="module")
+def rows():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(HERE / "aot_compile.py")], cwd=HERE.parents[1], env=env,
+    proc = subprocess.run([sys.executable, str(HERE / "aot_compile.py"), "--json"], cwd=HERE.parents[1], env=env,
                           capture_output=True, text=True, timeout=900)
-    report = proc.stdout + proc.stderr[-4000:]
-    assert proc.returncode == 0, report
-    ok = [line for line in proc.stdout.splitlines() if line.startswith("OK ")]
-    assert len(ok) == 7, report  # 2 configurations x (fwd, dq, dk/dv) + RoPE
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
+    if os.environ.get("WINPOS_COMPILE_TABLE"):
+        Path(os.environ["WINPOS_COMPILE_TABLE"]).write_text(markdown(result))
+    return {r["id"]: r for r in result}
+
+
+def test_every_dispatched_launch_compiles_for_sm90a(rows):
+    assert list(rows) == ROW_IDS  # fwd, dQ, dK/dV for every shape x term, in order
+    assert all(r["regs"] > 0 for r in rows.values()), "ptxas reported no register count"
+
+
+@pytest.mark.parametrize("rid", _params("vector_access"))
+def test_aligned_data_gets_16_byte_accesses(rows, rid):
+    r = rows[rid]
+    assert r["aligned"], f"{rid}: the launch's 16-bit tensors are not all 16-byte aligned"
+    assert (r["ldg16"], r["stg16"]) == (0, 0), f"{rid}: 2-byte loads/stores {r['ldg16']}/{r['stg16']}"
+
+
+@pytest.mark.parametrize("rid", _params("cp_async"))
+def test_main_loop_is_pipelined_with_cp_async(rows, rid):
+    assert rows[rid]["cp16"] > 0, f"{rid}: no 16-byte LDGSTS (cp.async) in the SASS"
+
+
+@pytest.mark.parametrize("rid", _params("no_spills"))
+def test_no_register_spills(rows, rid):
+    r = rows[rid]
+    assert r["spill"] == 0, f"{rid}: {r['spill']} bytes of spill stores + loads at {r['regs']} registers"
+
+
+@pytest.mark.parametrize("rid", _params("no_serialized_wgmma"))
+def test_no_serialized_wgmma(rows, rid):
+    assert "C7515" not in rows[rid]["warnings"], f"{rid}: ptxas C7515, wgmma serialized"
