@@ -89,16 +89,39 @@ def check_window_offsets(name: str, t: Tensor, window: tuple) -> None:
                          "windows, a smaller global grid, or backend='reference'")
 
 
-def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan: Plan, scale: float):
-    """Keyword arguments shared by the three attention kernels."""
+def stride_unit(*tensors: Tensor) -> int:
+    """16 bytes in elements when every stride of the first four dims of every tensor is a multiple of it (and
+    fits int32), else 1. The kernels take strides divided by this unit and multiply by it as a constexpr, which
+    tells the compiler that rows start on 16-byte boundaries: 16-byte vector accesses and cp.async for any head
+    dim that is a multiple of 8 (Triton's own hint needs strides divisible by 16 elements: 56 or 72 get none)."""
+    unit = 16 // tensors[0].element_size()
+    for t in tensors:
+        for s in t.stride()[:4]:
+            if s % unit or s >= 2**31:
+                return 1
+    return unit
+
+
+def _grid_strides(prefix: str, t: Tensor, unit: int) -> dict:
+    s = t.stride()
+    return {f"{prefix}_b": s[0] // unit, f"{prefix}_h": s[1] // unit, f"{prefix}_w": s[2] // unit,
+            f"{prefix}_n": s[3] // unit}
+
+
+def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan: Plan, scale: float,
+                 unit: int = 1):
+    """Keyword arguments shared by the three attention kernels; q/k/v strides in units of ``unit`` elements."""
     for name, t, win in (("q", q, (plan.qwh, plan.qww)), ("k", k, (plan.kwh, plan.kww)),
                          ("v", v, (plan.kwh, plan.kww))):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous head dim (stride 1), got strides {t.stride()}; "
                              "window_attention makes that copy for you")
         check_window_offsets(name, t, win)
-    if rel is not None and not rel.is_contiguous():
-        raise ValueError("the packed relpos terms must be contiguous (drel is written with the same strides)")
+    # Without relpos the extents are irrelevant: one value keeps one compiled variant for every window size.
+    kh_p, kw_p = (_pow2(plan.kwh), _pow2(plan.kww)) if rel is not None else (16, 16)
+    if rel is not None and (not rel.is_contiguous() or rel.shape[-1] != kh_p + kw_p):
+        raise ValueError(f"the packed relpos terms must be contiguous with {kh_p + kw_p} columns ([rel_h | rel_w] "
+                         f"zero-padded to {kh_p} + {kw_p}), got {tuple(rel.shape)} with strides {rel.stride()}")
     dummy = lse  # never dereferenced: the matching constexpr flag is off
     head_dim = q.shape[-1]
     fp32 = q.dtype == torch.float32
@@ -106,10 +129,8 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
     ck_n, ck_t = _table_strides(cos_k)
     rel_strides = rel.stride()[:4] if rel is not None else (0, 0, 0, 0)
     args = dict(
-        Q=q, K=k, V=v, LSE=lse,
-        sq_b=q.stride(0), sq_h=q.stride(1), sq_w=q.stride(2), sq_n=q.stride(3),
-        sk_b=k.stride(0), sk_h=k.stride(1), sk_w=k.stride(2), sk_n=k.stride(3),
-        sv_b=v.stride(0), sv_h=v.stride(1), sv_w=v.stride(2), sv_n=v.stride(3),
+        Q=q, K=k, V=v, LSE=lse, **_grid_strides("sq", q, unit), **_grid_strides("sk", k, unit),
+        **_grid_strides("sv", v, unit),
         sl_b=lse.stride(0), sl_h=lse.stride(1), sl_w=lse.stride(2),
         COSQ=cos_q if cos_q is not None else dummy, SINQ=sin_q if sin_q is not None else dummy,
         COSK=cos_k if cos_k is not None else dummy, SINK=sin_k if sin_k is not None else dummy,
@@ -123,10 +144,10 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
         qk_scale=float(scale) * LOG2E,
         HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
         ROT=plan.rot_dims, HALF=bool(plan.half), HAS_ROPE=cos_q is not None, HAS_REL=rel is not None,
-        KH_P=_pow2(plan.kwh), KW_P=_pow2(plan.kww), HAS_LH=fov is not None, PAD_MASK=bool(plan.pad_mask),
+        KH_P=kh_p, KW_P=kw_p, HAS_LH=fov is not None, PAD_MASK=bool(plan.pad_mask),
         KV_SAME=k.stride()[:4] == v.stride()[:4],  # v rows reuse k's offsets (qkv views, or both contiguous)
         # fp32 inputs: exact fp32 dots (the GPU default would be tf32, ~1e-3 relative error).
-        PRECISION="ieee" if fp32 else "tf32",
+        PRECISION="ieee" if fp32 else "tf32", SV=unit,
     )
     return args
 
@@ -147,10 +168,11 @@ def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls,
     B, Hq, Wq, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Wq, heads), dtype=torch.float32, device=q.device)
-    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale)
+    unit = stride_unit(q, k, v, out)
+    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
     grid = (B * plan.n_wh * plan.n_ww, plan.n_qt, heads)
-    _jit.launch(kern.attn_fwd, grid, O=out, so_b=out.stride(0), so_h=out.stride(1), so_w=out.stride(2),
-                so_n=out.stride(3), **args, **_launch_options(args, backward=False))
+    _jit.launch(kern.attn_fwd, grid, O=out, **_grid_strides("so", out, unit), **args,
+                **_launch_options(args, backward=False))
     return out, lse
 
 
@@ -167,17 +189,16 @@ def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slo
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     drel = torch.empty_like(rel, memory_format=torch.contiguous_format) if rel is not None else q.new_empty(0)
-    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale)
-    args.update(DO=do, DELTA=delta, sdo_b=do.stride(0), sdo_h=do.stride(1), sdo_w=do.stride(2), sdo_n=do.stride(3),
-                scale=float(scale))
+    unit = stride_unit(q, k, v, do, dq, dk)  # dv has dk's strides
+    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
+    args.update(DO=do, DELTA=delta, **_grid_strides("sdo", do, unit), scale=float(scale))
     groups = B * plan.n_wh * plan.n_ww
     _jit.launch(
         kern.attn_bwd_dq, (groups, plan.n_qt, heads), DQ=dq, DREL=drel if rel is not None else lse,
-        sdq_b=dq.stride(0), sdq_h=dq.stride(1), sdq_w=dq.stride(2), sdq_n=dq.stride(3),
-        REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **args, **_launch_options(args, True))
+        **_grid_strides("sdq", dq, unit), REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **args, **_launch_options(args, True))
     _jit.launch(
         kern.attn_bwd_dkdv, (groups, plan.n_kt, heads), DK=dk, DV=dv,
-        sdk_b=dk.stride(0), sdk_h=dk.stride(1), sdk_w=dk.stride(2), sdk_n=dk.stride(3), **args,
+        **_grid_strides("sdk", dk, unit), **args,
         **_launch_options(args, True))
     return dq, dk, dv, drel
 

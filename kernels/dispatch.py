@@ -10,7 +10,7 @@ attributes) and are turned into small kernel inputs here:
   kernel runs without RoPE: the kernel returns gradients for the rotated q, k and autograd carries them to the
   frequencies.
 * Relpos: ``rel_h = q . Rh``, ``rel_w = q . Rw`` by an einsum on the grid (no partition), packed as
-  ``(B, Hq, Wq, heads, kh + kw)``; the bias tile is built in-kernel and its gradient reduced in the dQ pass.
+  ``(B, Hq, Wq, heads, KH_P + KW_P)`` (each part zero-padded to a power of two); the bias tile is built in-kernel and its gradient reduced in the dQ pass.
 * LookHere: ``fov``/``slopes`` buffers plus ``tile_classes(q_window, k_window, block_m, block_n)`` (cached by the
   module per grid) so empty key tiles are skipped.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention_fwd_bwd import Plan, WindowAttentionFunction, default_blocks
+from .attention_fwd_bwd import Plan, WindowAttentionFunction, _pow2, default_blocks
 from .rope import rope_grid_reference
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -105,7 +105,8 @@ def _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside):
 
 
 def _rel_inputs(rel_pos, q, q_win, k_win):
-    """Packed ``[rel_h | rel_w]`` ``(B, Hq, Wq, heads, kh + kw)`` from the grid queries (no partition copy)."""
+    """Packed ``[rel_h | 0 | rel_w | 0]`` ``(B, Hq, Wq, heads, KH_P + KW_P)`` from the grid queries (no partition
+    copy): each part zero-padded to the kernels' power-of-two extent, so rows are 16-byte aligned."""
     from winpos.posemb.relpos import rel_lookup  # lower layer (pure posemb helpers); imported lazily
 
     rel_pos_h, rel_pos_w = rel_pos
@@ -121,7 +122,10 @@ def _rel_inputs(rel_pos, q, q_win, k_win):
     qv = q.reshape(B, Hq // q_win[0], q_win[0], Wq // q_win[1], q_win[1], heads, D)
     rel_h = torch.einsum("bYyXxnc,yac->bYyXxna", qv, Rh)
     rel_w = torch.einsum("bYyXxnc,xac->bYyXxna", qv, Rw)
-    return torch.cat([rel_h, rel_w], dim=-1).reshape(B, Hq, Wq, heads, k_win[0] + k_win[1])
+    kh_p, kw_p = _pow2(k_win[0]), _pow2(k_win[1])
+    zeros = rel_h.new_zeros(()).expand
+    parts = [rel_h, zeros(*rel_h.shape[:-1], kh_p - k_win[0]), rel_w, zeros(*rel_w.shape[:-1], kw_p - k_win[1])]
+    return torch.cat(parts, dim=-1).reshape(B, Hq, Wq, heads, kh_p + kw_p)
 
 
 def _lookhere_inputs(lh, q_win, k_win, heads, blocks, device):

@@ -7,9 +7,12 @@ rows in-kernel (``tl_common``), so q, k, v, o and every gradient stay in the ``(
 Shared arguments (see ``attention_fwd_bwd._kernel_args``):
   Q, K, V + strides (batch, row, col, head); LSE: fp32 ``(B, Hq, Wq, heads)`` base-2 log-sum-exp;
   COSQ/SINQ/COSK/SINK fp32 RoPE tables + (head, row) strides; REL packed ``[rel_h | rel_w]`` ``(B, Hq, Wq, heads,
-  KWH + KWW)``; FOV int32 ``(heads, 4)`` = (a0, b0, a1, b1), SLOPE fp32 ``(heads,)``, CLS int8 tile classes
-  ``(heads, n_qt, n_kt)`` (0 = skip); window geometry (``QWH x QWW`` query window, ``KWH x KWW`` key window,
+  KH_P + KW_P)`` (zero-padded to the power-of-two extents, rel_w from column KH_P); FOV int32 ``(heads, 4)``
+  = (a0, b0, a1, b1), SLOPE fp32 ``(heads,)``, CLS int8 tile classes ``(heads, n_qt, n_kt)`` (0 = skip); window geometry (``QWH x QWW`` query window, ``KWH x KWW`` key window,
   pooling stride ``POOL``); padding extents ``QVH, QVW`` (queries) and ``KVH, KVW`` (keys) in grid tokens.
+  Strides of q/k/v/o/do/dq/dk/dv arrive divided by ``SV`` (16 bytes in elements when every stride allows it, else
+  1) and are multiplied back here: a constexpr factor tells the compiler they are multiples of 16 bytes (Triton
+  marks only ints divisible by 16 elements, so head_dim 56 or 72 strides would otherwise get 2-byte accesses).
 """
 import triton
 import triton.language as tl
@@ -19,7 +22,9 @@ from .tl_common import (base_offset, load_tile, logits_tile, rel_tiles, tile_mas
 
 # Window geometry changes with every block shape; specializing on it (value 1, divisibility by 16) would compile
 # a new kernel per shape for no gain, so only strides and constexprs pick kernel variants.
-_GEOMETRY = ["n_qt", "n_kt", "n_win", "n_ww", "QWH", "QWW", "KWH", "KWW", "POOL", "QVH", "QVW", "KVH", "KVW"]
+# The fp32 LSE/delta rows are read one scalar per token, so their strides' divisibility would only add variants.
+_GEOMETRY = ["n_qt", "n_kt", "n_win", "n_ww", "QWH", "QWW", "KWH", "KWW", "POOL", "QVH", "QVW", "KVH", "KVW",
+             "sl_b", "sl_h", "sl_w"]
 
 
 @triton.jit
@@ -81,7 +86,7 @@ def _query_tile(Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL,
     rh = 0.0
     rw = 0.0
     if HAS_REL:
-        rh, rw = rel_tiles(REL + r_base, token_rows(qly, qlx, sr_h, sr_w), q_valid, KWH, KWW, KH_P, KW_P)
+        rh, rw = rel_tiles(REL + r_base, token_rows(qly, qlx, sr_h, sr_w), q_valid, KH_P, KW_P)
     return tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw
 
 
@@ -106,9 +111,13 @@ def attn_fwd(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
-    KV_SAME: tl.constexpr, PRECISION: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr,
 ):
     pid_g = tl.program_id(0)
+    sq_b, sq_h, sq_w, sq_n = sq_b * SV, sq_h * SV, sq_w * SV, sq_n * SV
+    sk_b, sk_h, sk_w, sk_n = sk_b * SV, sk_h * SV, sk_w * SV, sk_n * SV
+    sv_b, sv_h, sv_w, sv_n = sv_b * SV, sv_h * SV, sv_w * SV, sv_n * SV
+    so_b, so_h, so_w, so_n = so_b * SV, so_h * SV, so_w * SV, so_n * SV
     qt = tl.program_id(1)
     head = tl.program_id(2)
     offs_d = tl.arange(0, BLOCK_D)
@@ -169,10 +178,15 @@ def attn_bwd_dq(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
-    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, REL_PRECISION: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, REL_PRECISION: tl.constexpr, SV: tl.constexpr,
 ):
     """dQ, and the per-query relpos gradients d rel_h, d rel_w reduced over keys right here (no atomics)."""
     pid_g = tl.program_id(0)
+    sq_b, sq_h, sq_w, sq_n = sq_b * SV, sq_h * SV, sq_w * SV, sq_n * SV
+    sk_b, sk_h, sk_w, sk_n = sk_b * SV, sk_h * SV, sk_w * SV, sk_n * SV
+    sv_b, sv_h, sv_w, sv_n = sv_b * SV, sv_h * SV, sv_w * SV, sv_n * SV
+    sdo_b, sdo_h, sdo_w, sdo_n = sdo_b * SV, sdo_h * SV, sdo_w * SV, sdo_n * SV
+    sdq_b, sdq_h, sdq_w, sdq_n = sdq_b * SV, sdq_h * SV, sdq_w * SV, sdq_n * SV
     qt = tl.program_id(1)
     head = tl.program_id(2)
     offs_d = tl.arange(0, BLOCK_D)
@@ -227,9 +241,9 @@ def attn_bwd_dq(
         oh = tl.arange(0, KH_P)
         ow = tl.arange(0, KW_P)
         tl.store(DREL + r_base + r_rows[:, None] + oh[None, :], drh.to(DREL.dtype.element_ty),
-                 mask=q_valid[:, None] & (oh[None, :] < KWH))
-        tl.store(DREL + r_base + r_rows[:, None] + KWH + ow[None, :], drw.to(DREL.dtype.element_ty),
-                 mask=q_valid[:, None] & (ow[None, :] < KWW))
+                 mask=q_valid[:, None])
+        tl.store(DREL + r_base + r_rows[:, None] + KH_P + ow[None, :], drw.to(DREL.dtype.element_ty),
+                 mask=q_valid[:, None])
 
 
 @triton.jit(do_not_specialize=_GEOMETRY)
@@ -245,10 +259,15 @@ def attn_bwd_dkdv(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
-    KV_SAME: tl.constexpr, PRECISION: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr,
 ):
     """dK, dV of one key tile, looping over the query tiles of its window (DK and DV share strides)."""
     pid_g = tl.program_id(0)
+    sq_b, sq_h, sq_w, sq_n = sq_b * SV, sq_h * SV, sq_w * SV, sq_n * SV
+    sk_b, sk_h, sk_w, sk_n = sk_b * SV, sk_h * SV, sk_w * SV, sk_n * SV
+    sv_b, sv_h, sv_w, sv_n = sv_b * SV, sv_h * SV, sv_w * SV, sv_n * SV
+    sdo_b, sdo_h, sdo_w, sdo_n = sdo_b * SV, sdo_h * SV, sdo_w * SV, sdo_n * SV
+    sdk_b, sdk_h, sdk_w, sdk_n = sdk_b * SV, sdk_h * SV, sdk_w * SV, sdk_n * SV
     kt = tl.program_id(1)
     head = tl.program_id(2)
     offs_d = tl.arange(0, BLOCK_D)

@@ -111,13 +111,14 @@ def unrotate(g, COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.c
 
 
 @triton.jit
-def rel_tiles(REL, rel_rows, valid, KWH, KWW, KH_P: tl.constexpr, KW_P: tl.constexpr):
+def rel_tiles(REL, rel_rows, valid, KH_P: tl.constexpr, KW_P: tl.constexpr):
     """Per-query relpos terms: ``rel_h`` [rows, KH_P] and ``rel_w`` [rows, KW_P] from the packed
-    ``(.., KWH + KWW)`` tensor (zero-padded columns)."""
+    ``(.., KH_P + KW_P)`` tensor (``rel_w`` from column ``KH_P``; columns beyond the window's ``KWH`` / ``KWW``
+    hold zeros), so rows are 16-byte aligned and read with a row mask only."""
     oh = tl.arange(0, KH_P)
     ow = tl.arange(0, KW_P)
-    rh = tl.load(REL + rel_rows[:, None] + oh[None, :], mask=valid[:, None] & (oh[None, :] < KWH), other=0.0)
-    rw = tl.load(REL + rel_rows[:, None] + KWH + ow[None, :], mask=valid[:, None] & (ow[None, :] < KWW), other=0.0)
+    rh = tl.load(REL + rel_rows[:, None] + oh[None, :], mask=valid[:, None], other=0.0)
+    rw = tl.load(REL + rel_rows[:, None] + KH_P + ow[None, :], mask=valid[:, None], other=0.0)
     return rh, rw
 
 

@@ -214,14 +214,15 @@ def analyse(compiled) -> dict:
 
 
 def aligned(kwargs) -> bool:
-    """Whether every 16-bit tensor of the launch is 16-byte aligned: data pointers and every non-unit stride of
-    the q/k/v/o/do/d* tensors are multiples of 16 bytes (so 16-byte vector accesses are legal)."""
+    """Whether every 16-bit tensor of the launch is 16-byte aligned: data pointers and every stride of the
+    q/k/v/o/do/d* tensors are multiples of 16 bytes (so 16-byte vector accesses are legal). Strides are passed in
+    units of ``SV`` elements (1 if the kernel has no such argument)."""
     import torch
 
+    unit = kwargs.get("SV", 1)
     tensors = [v for v in kwargs.values() if isinstance(v, torch.Tensor) and v.element_size() == 2]
-    strides = [v for k, v in kwargs.items() if re.fullmatch(r"s(q|k|v|o|do|dq|dk)_[bhwn]", k)]
-    return (all(t.data_ptr() % 16 == 0 for t in tensors)
-            and all(s * 2 % 16 == 0 for s in strides if s not in (0, 1)))
+    strides = [v * unit for k, v in kwargs.items() if re.fullmatch(r"s(q|k|v|o|do|dq|dk)_[bhwn]", k)]
+    return all(t.data_ptr() % 16 == 0 for t in tensors) and all(s * 2 % 16 == 0 for s in strides)
 
 
 def compile_rows(specs, log=None) -> list[dict]:

@@ -32,33 +32,24 @@ ROW_IDS = [row_id(shape, term, kernel) for shape, term in REPRESENTATIVE for ker
 
 # check -> [(row-id regex, reason)]: what the sm_90a compile still shows and why.
 KNOWN = {
-    "vector_access": [
-        (r"Hiera-B\+ .* D56 |Hiera-L .* D72 ", "head_dim 56/72 strides carry no divisibility-by-16 hint, so every "
-         "q/k/v/o/do access is a 2-byte scalar (fix: strides in 16-byte units times a constexpr)"),
-        (r"ViTDet-B .* relpos ", "packed relpos rows (KWH + KWW wide, column offset a runtime value) are read "
-         "with 2-byte loads (fix: rows padded to KH_P + KW_P, constexpr offsets)"),
-    ],
+    "vector_access": [],
     "cp_async": [
         (r" lookhere ", "the `if visit != 0` branch around the dots turns the software pipeliner off (fix: loop "
          "over a compacted list of visited tiles)"),
-        (r"Hiera-B\+ .* D56 |Hiera-L .* D72 ", "2-byte accesses of head_dim 56/72 "
-         "cannot be copied asynchronously in 16-byte units"),
     ],
     "no_spills": [
-        (r"ViTDet-B .* rope attn_bwd_(dq|dkdv)$", "the RoPE un-rotation is an fp32 FMA dot of a 64x64 permutation "
-         "after the main loop (1056 FFMA), on top of 8 warps of live tiles"),
-        (r"Hiera-B\+ s1 w8 D56 rope |Hiera-L ", "scalar 2-byte addressing of head_dim 56/72 tiles (one address per "
-         "element) exhausts the registers"),
-        (r"Hiera-B\+ (s1 w8|s1>2 pool|s2 w4|s2>3 pool|s3 w14 pad) D56 none attn_bwd_dkdv", "dK/dV with scalar "
-         "head_dim-56 addressing"),
-        (r"Hiera-B\+ s3 global D56 relpos attn_bwd_dq", "two 64x64 fp32 drel accumulators next to scalar "
-         "head_dim-56 addressing"),
-        (r"Hiera-B\+ s4 w7 pad D56 lookhere attn_fwd", "LookHere geometry plus scalar head_dim-56 addressing"),
+        (r" rope attn_bwd_(dq|dkdv)$", "the RoPE un-rotation is an fp32 FMA dot of a BLOCK_D-square permutation "
+         "after the main loop (1056 FFMA at BLOCK_D 64), on top of 8 warps of live tiles"),
+        (r"Hiera-L s1 w8 D72 rope attn_fwd", "fused RoPE at BLOCK_D 128 (head_dim 72 padded): two rotated tiles and "
+         "their fp32 tables with 4 warps"),
+        (r"Hiera-B\+ s4 w7 pad D56 lookhere attn_bwd_dkdv", "LookHere geometry, pad mask and the dK/dV "
+         "accumulators at 255 registers"),
     ],
     "no_serialized_wgmma": [
-        (r"ViTDet-B .* (none|relpos) attn_bwd_dkdv", "ptxas serializes the dK/dV wgmma loop (C7515; fix: the "
-         "transposed formulation)"),
-        (r"ViTDet-B .* rope attn_fwd", "ptxas serializes the wgmma loop of the fused-RoPE forward (C7515)"),
+        (r"(ViTDet-B|Hiera-B\+) .* none attn_bwd_dkdv|(ViTDet-B|Hiera-B\+) .*global D\d+ relpos attn_bwd_dkdv",
+         "ptxas serializes the dK/dV wgmma loop (C7515; fix: the transposed formulation)"),
+        (r"(ViTDet-B|Hiera-B\+) .* rope attn_fwd", "ptxas serializes the wgmma loop of the fused-RoPE forward "
+         "(C7515)"),
     ],
 }
 
