@@ -5,7 +5,7 @@ Every ``import`` / ``from ... import`` statement of every module is checked, inc
 functions (a lazy import is still a dependency). ``kernels/`` is installed as ``winpos.kernels``. The stack,
 bottom up (a module may import its own layer and the layers below):
 
-    helpers (winpos, errors, windows, outputs) < data < posemb < kernels < attention < backbones < checkpoints
+    helpers (winpos, errors, windows, outputs, cache) < data < posemb < kernels < attention < backbones < checkpoints
     < diagnostics < d2 < bench
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = (
-    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs")),
+    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs", "winpos.cache")),
     ("data", ("winpos.data",)),
     ("posemb", ("winpos.posemb",)),
     ("kernels", ("winpos.kernels",)),

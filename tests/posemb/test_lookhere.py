@@ -347,10 +347,10 @@ def test_bias_rows_equal_the_dense_bias_exactly(monkeypatch, variant, q_hw, k_hw
         assert torch.equal(rows, dense[:, start:stop]), (start, stop)
         out = torch.full_like(rows, 7.0)
         assert module.bias_rows(q_hw, k_hw, start, stop, out=out) is out and torch.equal(out, rows)
-    assert (module._shift_cache is not None) == (q_hw == k_hw)
+    assert len(module._shift_cache) == (q_hw == k_hw)
     monkeypatch.setattr(L, "SHIFT_TABLE_BYTES", 0)  # too large to cache: computed directly, same rows
-    module._shift_cache = None
-    assert torch.equal(module.bias_rows(q_hw, k_hw, 2, 9), dense[:, 2:9]) and module._shift_cache is None
+    module._shift_cache.clear()
+    assert torch.equal(module.bias_rows(q_hw, k_hw, 2, 9), dense[:, 2:9]) and len(module._shift_cache) == 0
 
 
 def test_bias_rows_follow_a_new_global_slope():

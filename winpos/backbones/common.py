@@ -10,11 +10,17 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from winpos.attention import PositionTerms, attention, resolve_backend
-from winpos.errors import check_choice
+from winpos.errors import WinposError, check_choice
+from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 from winpos.windows import PAD_MODES, window_partition, window_unpartition
+
+__all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS", "Attention",
+           "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "as_block_position", "check_image",
+           "init_weights", "is_position_param", "make_token_embedding", "may_keep_init"]
 
 POS_EMBEDS = ("none", "abs", "abswin", "abswin_recursive")
 BLOCK_POS = ("none", "relpos", "rope", "lookhere")
+WEIGHT_INITS = ("trunc_normal", "default")
 
 
 @dataclass
@@ -43,7 +49,7 @@ def as_block_position(value) -> BlockPosition:
         return BlockPosition(kind=value)
     if isinstance(value, dict):
         return BlockPosition(**value)
-    raise ValueError(f"a block position must be a name in {BLOCK_POS}, a dict or a BlockPosition, got {value!r}")
+    raise WinposError(f"a block position must be a name in {BLOCK_POS}, a dict or a BlockPosition, got {value!r}")
 
 
 class Attention(nn.Module):
@@ -65,7 +71,7 @@ class Attention(nn.Module):
                  extent=(14, 14), layer_index=0, num_layers=1, pad_mode="zeros"):
         super().__init__()
         if dim_out % num_heads:
-            raise ValueError(f"dim_out={dim_out} is not divisible by num_heads={num_heads}")
+            raise WinposError(f"dim_out={dim_out} is not divisible by num_heads={num_heads}")
         self.num_heads, self.head_dim = num_heads, dim_out // num_heads
         self.window_size, self.q_stride = window_size, q_stride
         self.pad_mode = check_choice("pad_mode", pad_mode, PAD_MODES)
@@ -98,17 +104,18 @@ class Attention(nn.Module):
         B, H, W, C = x.shape
         ws, s = self.window_size, self.q_stride
         zero_padded = self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)
-        if ws and zero_padded and resolve_backend("auto", x.device) != "triton":
+        backend = resolve_backend("auto", x.device)  # once per forward; attention() only checks it again
+        if ws and zero_padded and backend != "triton":
             # Partition x once, before the projections (as SAM2 does): every position term of a window block is
             # window-local, so each window is a small global attention with the same terms. One copy of x and one
             # of the output, instead of one per q, k and v and one of the output. (The Triton kernel windows the
             # grid in-kernel and needs no copy at all.)
             xw = window_partition(x, ws).reshape(-1, ws, ws, C)
-            out = self._attend(xw, window=None, valid_hw=None)
+            out = self._attend(xw, window=None, valid_hw=None, backend=backend)
             return window_unpartition(out.flatten(1, 2), ws // s, (H // s, W // s))
-        return self._attend(x, window=ws or None, valid_hw=valid_hw)
+        return self._attend(x, window=ws or None, valid_hw=valid_hw, backend=backend)
 
-    def _attend(self, x: torch.Tensor, window, valid_hw) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, window, valid_hw, backend) -> torch.Tensor:
         B, H, W, _ = x.shape
         qkv = self.qkv(x).reshape(B, H, W, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(3)  # each (B, H, W, heads, head_dim)
@@ -117,7 +124,8 @@ class Attention(nn.Module):
             s = self.q_stride
             q = F.max_pool2d(q.flatten(3).permute(0, 3, 1, 2), kernel_size=s, stride=s, ceil_mode=False)
             q = q.permute(0, 2, 3, 1).reshape(B, H // s, W // s, self.num_heads, self.head_dim)
-        out = attention(q, k, v, window=window, pos=self.position_terms(), valid_hw=valid_hw, pad_mode=self.pad_mode)
+        out = attention(q, k, v, window=window, pos=self.position_terms(), valid_hw=valid_hw, pad_mode=self.pad_mode,
+                        backend=backend)
         return self.proj(out.flatten(-2))
 
 
@@ -158,13 +166,13 @@ class LayerScale(nn.Module):
 def check_image(x: torch.Tensor, in_chans: int, stride: int, name: str) -> None:
     """Validate a backbone input ``(B, C, H, W)``."""
     if x.dim() != 4:
-        raise ValueError(f"{name} expects images as (B, C, H, W), got shape {tuple(x.shape)}")
+        raise WinposError(f"{name} expects images as (B, C, H, W), got shape {tuple(x.shape)}")
     if x.shape[1] != in_chans:
-        raise ValueError(f"{name} expects {in_chans} input channels, got {x.shape[1]}; convert the image to RGB")
+        raise WinposError(f"{name} expects {in_chans} input channels, got {x.shape[1]}; convert the image to RGB")
     if x.shape[-1] == 0 or x.shape[-2] == 0 or x.shape[0] == 0:
-        raise ValueError(f"{name} got an empty input of shape {tuple(x.shape)}; images must have nonzero size")
+        raise WinposError(f"{name} got an empty input of shape {tuple(x.shape)}; images must have nonzero size")
     if x.shape[-1] % stride or x.shape[-2] % stride:
-        raise ValueError(
+        raise WinposError(
             f"image size {x.shape[-2]}x{x.shape[-1]} is not a multiple of the patch stride {stride}; pad it to "
             f"{-(-x.shape[-2] // stride) * stride}x{-(-x.shape[-1] // stride) * stride} (detectron2 adapters do this "
             "via size_divisibility)"
@@ -172,6 +180,58 @@ def check_image(x: torch.Tensor, in_chans: int, stride: int, name: str) -> None:
 
 
 # ---------------------------------------------------------------------------------------- shared by both models
+def make_token_embedding(kind: str, dim: int, *, pretrain_hw, window_size, global_size, base_hw, antialias: bool,
+                         init_std: float, global_init_std: float, has_cls: bool = False) -> nn.Module | None:
+    """The token embedding named by ``kind`` (one of ``POS_EMBEDS``), added once after the patch embedding.
+
+    Args:
+        dim: channels.
+        pretrain_hw: token grid of pretraining: where ``abs`` is stored.
+        window_size: abs-win window embedding size (the first stage's window).
+        global_size: abs-win global embedding grid.
+        base_hw: the period of ``abswin_recursive``.
+        antialias: bicubic flavour of every resize of the embedding.
+        init_std: trunc-normal std of ``abs`` and of the abs-win window embedding (0: zeros).
+        global_init_std: the same for the abs-win global embedding.
+        has_cls: ``abs`` keeps an (unused) cls row in front, as MAE / detectron2 store it.
+    Returns ``None`` for ``"none"``, else a module ``hw -> (1, H, W, dim)``.
+    """
+    check_choice("pos_embed", kind, POS_EMBEDS)
+    if kind == "none":
+        return None
+    if kind == "abs":
+        return AbsPosEmbed(dim, pretrain_hw=pretrain_hw, has_cls=has_cls, antialias=antialias, init_std=init_std)
+    if not window_size:
+        raise WinposError(f"pos_embed={kind!r} tiles a window embedding, but the window size is 0 (global "
+                          "attention): give the backbone a window (window_size / window_spec / pos_window_size, "
+                          "e.g. 8 or 14) or use pos_embed='abs'")
+    mode = "recursive" if kind == "abswin_recursive" else "single"
+    emb = AbsWinPosEmbed(dim, window_size, global_size, mode=mode, base_hw=base_hw, antialias=antialias, init_std=0.0)
+    if global_init_std > 0:
+        nn.init.trunc_normal_(emb.global_embed, std=global_init_std)
+    if init_std > 0:
+        nn.init.trunc_normal_(emb.window_embed, std=init_std)
+    return emb
+
+
+def init_weights(model: nn.Module, weight_init: str) -> None:
+    """``"trunc_normal"`` (detectron2's ViT, timm): Linear weights ~ trunc-normal(0.02) with zero bias, LayerNorms
+    at (1, 0); ``"default"`` (sam2's Hiera): PyTorch's own initialization, left as built."""
+    check_choice("weight_init", weight_init, WEIGHT_INITS)
+    if weight_init == "trunc_normal":
+        model.apply(_trunc_normal_init)  # children first, as detectron2 (the order the random draws are made in)
+
+
+def _trunc_normal_init(m: nn.Module) -> None:
+    if isinstance(m, nn.Linear):
+        nn.init.trunc_normal_(m.weight, std=0.02)
+        if m.bias is not None:
+            nn.init.zeros_(m.bias)
+    elif isinstance(m, nn.LayerNorm):
+        nn.init.ones_(m.weight)
+        nn.init.zeros_(m.bias)
+
+
 # The one rule for "position parameter": token embeddings, relpos tables and learned RoPE frequencies. They take
 # no weight decay (``no_weight_decay``; ``winpos.d2.optim`` builds its parameter groups with the same rule).
 POSITION_KEYS = ("pos_embed", "rel_pos", "rope")

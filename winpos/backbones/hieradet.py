@@ -35,10 +35,10 @@ import torch.nn.functional as F
 
 from winpos.backbones.common import (
     LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
+    init_weights, make_token_embedding,
 )
 from winpos.backbones.registry import register_family
-from winpos.errors import as_hw, check_choice
-from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
+from winpos.errors import WinposError, as_hw, check_choice
 from winpos.windows import PAD_MODES, pad_to_window
 
 Q_STRIDE = 2
@@ -61,16 +61,16 @@ def block_schedule(embed_dim, num_heads, stages, window_spec, global_blocks, dim
     """SAM2's block schedule with the lag rule, as a list of ``BlockSpec`` (validated, with fixes in errors)."""
     stages = tuple(stages)
     if len(stages) != 4 or any(not isinstance(d, int) or d < 1 for d in stages):
-        raise ValueError(f"stages={stages!r} must be four positive block counts, e.g. (1, 2, 7, 2) for Hiera-T")
+        raise WinposError(f"stages={stages!r} must be four positive block counts, e.g. (1, 2, 7, 2) for Hiera-T")
     if len(window_spec) != len(stages):
-        raise ValueError(f"window_spec={tuple(window_spec)!r} needs one window per stage ({len(stages)}); "
+        raise WinposError(f"window_spec={tuple(window_spec)!r} needs one window per stage ({len(stages)}); "
                          "use 0 for a stage that attends globally, e.g. (8, 4, 14, 7)")
     if any(not isinstance(w, int) or w < 0 for w in window_spec):
-        raise ValueError(f"window_spec={tuple(window_spec)!r} must hold non-negative ints (0 = global attention)")
+        raise WinposError(f"window_spec={tuple(window_spec)!r} must hold non-negative ints (0 = global attention)")
     depth = sum(stages)
     bad = [b for b in global_blocks if not 0 <= b < depth]
     if bad:
-        raise ValueError(f"global_blocks {bad} are outside the {depth} blocks of stages={stages}; "
+        raise WinposError(f"global_blocks {bad} are outside the {depth} blocks of stages={stages}; "
                          f"use indices in [0, {depth - 1}]")
     stage_ends = [sum(stages[: i + 1]) - 1 for i in range(len(stages))]
     specs, dim, heads, stage = [], embed_dim, num_heads, 0
@@ -80,10 +80,10 @@ def block_schedule(embed_dim, num_heads, stages, window_spec, global_blocks, dim
         if i - 1 in stage_ends:
             dim_out, heads, stage, q_stride = int(dim * dim_mul), int(heads * head_mul), stage + 1, Q_STRIDE
             if window % Q_STRIDE:
-                raise ValueError(f"block {i} pools its queries 2x2 inside windows of {window} tokens, which 2 does "
+                raise WinposError(f"block {i} pools its queries 2x2 inside windows of {window} tokens, which 2 does "
                                  "not divide; use an even window for the stage before it")
         if heads < 1 or dim_out % heads:
-            raise ValueError(f"block {i} has {dim_out} channels and {heads} heads; channels must divide by heads")
+            raise WinposError(f"block {i} has {dim_out} channels and {heads} heads; channels must divide by heads")
         specs.append(BlockSpec(i, stage, dim, dim_out, heads, window, q_stride))
         dim = dim_out
     return specs
@@ -119,7 +119,7 @@ class HieraBlock(nn.Module):
             if expand_proj:
                 self.proj = nn.Linear(spec.dim, spec.dim_out)
             elif spec.dim_out != 2 * spec.dim:
-                raise ValueError(f"expand_proj=False concatenates max- and avg-pooled inputs, so it needs "
+                raise WinposError(f"expand_proj=False concatenates max- and avg-pooled inputs, so it needs "
                                  f"dim_out = 2 * dim; block {spec.index} has {spec.dim} -> {spec.dim_out}")
         self.attn = Attention(spec.dim, spec.dim_out, spec.num_heads, window_size=spec.window,
                               q_stride=spec.q_stride, position=position, extent=extent, layer_index=spec.index,
@@ -172,9 +172,10 @@ class HieraDet(WindowedBackbone):
         pos_window_size: abs-win window embedding, default ``window_spec[0]``.
         pos_base_hw: period of ``abswin_recursive``, default the pretraining grid ``pretrain_img_size // 4``.
         pos_antialias: bicubic flavour of resizes (False: SAM2; True: timm abswin).
-        pos_init_std: init of the token embedding (0 = SAM2's zeros).
+        pos_init_std: init of the token embedding, global and window parts alike (0 = SAM2's zeros).
         window_pos, global_pos: block terms from ``BLOCK_POS`` (a name, a dict or a ``BlockPosition``).
         pad_mode: ``"zeros"`` or ``"mask"`` (see ``winpos.windows``).
+        weight_init: ``"default"`` (sam2: PyTorch's) or ``"trunc_normal"``; see ``common.init_weights``.
         use_checkpoint: activation checkpointing per block while gradients are recorded.
         return_interm_layers: return all four stage outputs (True) or only the last.
     Forward: ``(B, 3, H, W) -> [(B, C_i, ceil(H / s_i), ceil(W / s_i)) for s_i in strides]``.
@@ -185,7 +186,7 @@ class HieraDet(WindowedBackbone):
                  global_blocks=(12, 16, 20), mlp_ratio=4.0, drop_path_rate=0.0, layer_scale_init=None,
                  expand_proj=True, norm_eps=1e-6, pos_embed="abswin", pos_global_size=14, pos_window_size=None,
                  pos_base_hw=None, pos_antialias=False, pos_init_std=0.02, window_pos="none", global_pos="none",
-                 pad_mode="zeros", use_checkpoint=False, return_interm_layers=True):
+                 pad_mode="zeros", weight_init="default", use_checkpoint=False, return_interm_layers=True):
         super().__init__()
         check_choice("pos_embed", pos_embed, POS_EMBEDS)
         check_choice("pad_mode", pad_mode, PAD_MODES)
@@ -197,9 +198,11 @@ class HieraDet(WindowedBackbone):
         self.num_layers = len(specs)
         self.use_checkpoint, self.return_interm_layers = use_checkpoint, return_interm_layers
         self.patch_embed = PatchEmbed(in_chans, embed_dim)
-        self.pos_embed = self._make_pos_embed(pos_embed, embed_dim, pretrain_img_size, pos_global_size,
-                                              pos_window_size or window_spec[0], pos_base_hw, pos_antialias,
-                                              pos_init_std)
+        pre_hw = tuple(-(-s // 4) for s in as_hw(pretrain_img_size, "pretrain_img_size"))  # stride-4 tokens
+        self.pos_embed = make_token_embedding(
+            pos_embed, embed_dim, pretrain_hw=pre_hw, window_size=pos_window_size or window_spec[0],
+            global_size=pos_global_size, base_hw=pos_base_hw or pre_hw, antialias=pos_antialias,
+            init_std=pos_init_std, global_init_std=pos_init_std)
         window_pos, global_pos = as_block_position(window_pos), as_block_position(global_pos)
         dpr = torch.linspace(0, drop_path_rate, len(specs), device="cpu").tolist()
         self.blocks = nn.ModuleList()
@@ -213,20 +216,7 @@ class HieraDet(WindowedBackbone):
                 num_layers=len(specs), pad_mode=pad_mode))
         self.channels = [specs[e].dim_out for e in self.stage_ends]
         self.strides = [4, 8, 16, 32]
-
-    @staticmethod
-    def _make_pos_embed(kind, dim, pretrain_img_size, global_size, window_size, base_hw, antialias, init_std):
-        pre_hw = tuple(-(-s // 4) for s in as_hw(pretrain_img_size, "pretrain_img_size"))
-        if kind == "none":
-            return None
-        if kind == "abs":
-            return AbsPosEmbed(dim, pretrain_hw=pre_hw, has_cls=False, antialias=antialias, init_std=init_std)
-        if not window_size:
-            raise ValueError("abs-win needs a window embedding size: window_spec[0] is 0 (global stage 1), so pass "
-                             "pos_window_size, e.g. 8")
-        mode = "single" if kind == "abswin" else "recursive"
-        return AbsWinPosEmbed(dim, window_size, global_size, mode=mode, base_hw=base_hw or pre_hw,
-                              antialias=antialias, init_std=init_std)
+        init_weights(self, weight_init)
 
     def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
         check_image(x, self.in_chans, 1, "HieraDet")

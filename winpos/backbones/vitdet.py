@@ -29,10 +29,10 @@ import torch.nn as nn
 
 from winpos.backbones.common import (
     LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
+    init_weights, make_token_embedding,
 )
 from winpos.backbones.registry import register_family
-from winpos.errors import as_hw, check_choice
-from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
+from winpos.errors import WinposError, as_hw, check_choice
 from winpos.windows import PAD_MODES, pad_to_window
 
 __all__ = ["ViTDet", "ViTDetBlock", "RECIPES", "SIZES"]
@@ -113,10 +113,13 @@ class ViTDet(WindowedBackbone):
         pretrain_img_size: image side of the pretraining run; the ``abs`` embedding is stored at
             ``pretrain_img_size / patch_size`` (14 for MAE at 224, 64 for SAM at 1024).
         pretrain_use_cls_token: the ``abs`` embedding keeps a (unused) cls row in front, as MAE / detectron2 do.
-        pos_global_size: grid of the abswin global embedding (zero-initialized).
-        pos_antialias: antialiased bicubic for resizing the abswin global embedding.
+        pos_global_size: grid of the abswin global embedding (zero-initialized, so a converted checkpoint starts
+            exactly at its pretrained embedding tiled over the grid).
+        pos_antialias: antialiased bicubic for resizing the token embedding (detectron2: False).
+        pos_init_std: trunc-normal init of the ``abs`` embedding and of the abswin window embedding.
         pad_mode: ``"zeros"`` (detectron2 / SAM semantics) or ``"mask"`` (padded keys hidden).
         layer_scale_init: LayerScale init value, or None (detectron2 has no LayerScale).
+        weight_init: ``"trunc_normal"`` (detectron2) or ``"default"`` (PyTorch's); see ``common.init_weights``.
         use_checkpoint: activation checkpointing per block while gradients are recorded.
     Forward: ``(B, in_chans, H, W) -> (B, embed_dim, H/16, W/16)``.
     """
@@ -125,14 +128,15 @@ class ViTDet(WindowedBackbone):
                  mlp_ratio=4.0, qkv_bias=True, drop_path_rate=0.0, norm_eps=1e-6, window_size=14,
                  global_blocks=(2, 5, 8, 11), pos_embed="abs", window_pos="relpos", global_pos="relpos",
                  pretrain_img_size=224, pretrain_use_cls_token=True, pos_global_size=14, pos_antialias=False,
-                 pad_mode="zeros", layer_scale_init=None, use_checkpoint=False):
+                 pos_init_std=0.02, pad_mode="zeros", layer_scale_init=None, weight_init="trunc_normal",
+                 use_checkpoint=False):
         super().__init__()
         self._validate(embed_dim, depth, num_heads, patch_size, window_size, global_blocks, pos_embed, pad_mode)
         img_hw = as_hw(img_size, "img_size")
         pre_hw = as_hw(pretrain_img_size, "pretrain_img_size")
         for name, hw in (("img_size", img_hw), ("pretrain_img_size", pre_hw)):
             if hw[0] % patch_size or hw[1] % patch_size:
-                raise ValueError(f"{name}={hw} is not a multiple of patch_size={patch_size}; use e.g. "
+                raise WinposError(f"{name}={hw} is not a multiple of patch_size={patch_size}; use e.g. "
                                  f"{-(-hw[0] // patch_size) * patch_size}")
         self.embed_dim, self.depth, self.num_layers, self.num_heads = embed_dim, depth, depth, num_heads
         self.patch_size, self.in_chans, self.window_size = patch_size, in_chans, window_size
@@ -143,8 +147,11 @@ class ViTDet(WindowedBackbone):
         self.grid_hw = (img_hw[0] // patch_size, img_hw[1] // patch_size)
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
-        self.pos_embed = self._make_pos_embed(pos_embed, pretrain_use_cls_token, pos_global_size,
-                                              pos_antialias)
+        # ViTDet has one window, the pretraining grid: it sizes the abs-win window embedding and is the period.
+        self.pos_embed = make_token_embedding(
+            pos_embed, embed_dim, pretrain_hw=self.pretrain_hw, window_size=window_size, global_size=pos_global_size,
+            base_hw=self.pretrain_hw, antialias=pos_antialias, init_std=pos_init_std, global_init_std=0.0,
+            has_cls=pretrain_use_cls_token)
         dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # explicit: works under a meta device
         self.blocks = nn.ModuleList()
         for i in range(depth):
@@ -156,7 +163,7 @@ class ViTDet(WindowedBackbone):
                 extent=self.grid_hw if is_global else (window_size, window_size),
                 layer_index=i, num_layers=depth, pad_mode=pad_mode, layer_scale_init=layer_scale_init,
             ))
-        self.apply(self._init_weights)
+        init_weights(self, weight_init)
 
     @staticmethod
     def _validate(embed_dim, depth, num_heads, patch_size, window_size, global_blocks, pos_embed, pad_mode):
@@ -165,42 +172,19 @@ class ViTDet(WindowedBackbone):
         for name, v in (("embed_dim", embed_dim), ("depth", depth), ("num_heads", num_heads),
                         ("patch_size", patch_size)):
             if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name}={v!r} must be a positive int")
+                raise WinposError(f"{name}={v!r} must be a positive int")
         if embed_dim % num_heads:
-            raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
+            raise WinposError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
                              "choose heads that divide it")
         if not isinstance(window_size, int) or window_size < 0:
-            raise ValueError(f"window_size={window_size!r} must be an int >= 0 (0: every block global)")
+            raise WinposError(f"window_size={window_size!r} must be an int >= 0 (0: every block global)")
         bad = [i for i in global_blocks if not 0 <= int(i) < depth]
         if bad:
-            raise ValueError(f"global_blocks {bad} are outside 0..{depth - 1} for depth={depth}; "
+            raise WinposError(f"global_blocks {bad} are outside 0..{depth - 1} for depth={depth}; "
                              "list block indexes of this model")
         if pos_embed.startswith("abswin") and window_size == 0:
-            raise ValueError(f"pos_embed={pos_embed!r} tiles a window embedding, but window_size=0 has no windows; "
-                             "set window_size (e.g. 14) or use pos_embed='abs'")
-
-    def _make_pos_embed(self, kind, use_cls, global_size, antialias):
-        if kind == "none":
-            return None
-        if kind == "abs":
-            return AbsPosEmbed(self.embed_dim, self.pretrain_hw, has_cls=use_cls, antialias=False, init_std=0.02)
-        mode = "recursive" if kind == "abswin_recursive" else "single"
-        emb = AbsWinPosEmbed(self.embed_dim, self.window_size, global_size, mode=mode, base_hw=self.pretrain_hw,
-                             antialias=antialias, init_std=0.0)
-        # The window part plays the role of the pretrained embedding; the global part starts at zero so a
-        # converted checkpoint starts exactly at the pretrained window embedding tiled over the whole grid.
-        nn.init.trunc_normal_(emb.window_embed, std=0.02)
-        return emb
-
-    @staticmethod
-    def _init_weights(m):
-        if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02)
-            if m.bias is not None:
-                nn.init.zeros_(m.bias)
-        elif isinstance(m, nn.LayerNorm):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
+            raise WinposError(f"pos_embed={pos_embed!r} tiles a window embedding, but window_size=0 has no windows; "
+                              "set window_size (e.g. 14) or use pos_embed='abs'")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, in_chans, H, W)`` with H, W multiples of 16 -> stride-16 features ``(B, embed_dim, H/16, W/16)``."""

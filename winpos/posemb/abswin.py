@@ -17,8 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from winpos.errors import as_hw, check_choice, check_finite
-from winpos.posemb.interp import resize_grid
+from winpos.cache import GridCache
+from winpos.errors import WinposError, as_hw, check_choice, check_finite
+from winpos.posemb.interp import interpolate_abs, resize_grid
+
+__all__ = ["AbsPosEmbed", "AbsWinPosEmbed", "abs_to_abswin", "abswin_embedding", "abswin_recursive", "tile_to_grid"]
 
 
 def tile_to_grid(window_embed: torch.Tensor, hw) -> torch.Tensor:
@@ -56,7 +59,7 @@ def abs_to_abswin(pos_grid: torch.Tensor, window) -> tuple[torch.Tensor, torch.T
     H, W = pos_grid.shape[-2:]
     nh, nw = H // wh, W // ww
     if nh == 0 or nw == 0:
-        raise ValueError(
+        raise WinposError(
             f"window {wh}x{ww} is larger than the {H}x{W} embedding grid; no full window exists to average. "
             "Choose a window no larger than the grid."
         )
@@ -79,8 +82,8 @@ class AbsWinPosEmbed(nn.Module):
         base_hw: the period of the recursive mode (56x56 tokens = 224 px at stride 4).
         antialias: bicubic flavour of the global resize (False: SAM2; True: timm ``hiera_*_abswin``).
         init_std: 0 gives SAM2's zero init; timm uses trunc-normal 0.02.
-    Forward: ``hw -> (1, H, W, C)`` (NHWC, ready to add to ``(B, H, W, C)`` tokens). Cached per grid while the
-    parameters are unchanged and no gradient is being recorded.
+    Forward: ``hw -> (1, H, W, C)`` (NHWC, ready to add to ``(B, H, W, C)`` tokens). Cached for the last grid
+    (``winpos.cache``: while the parameters are unchanged and no gradient is recorded through them).
     """
 
     def __init__(self, dim, window_size, global_size=14, mode="single", base_hw=(56, 56), antialias=False, init_std=0.0):
@@ -91,35 +94,27 @@ class AbsWinPosEmbed(nn.Module):
         wh, ww = as_hw(window_size, "window_size")
         gh, gw = as_hw(global_size, "global_size")
         if mode == "recursive" and (self.base_hw[0] % wh or self.base_hw[1] % ww):
-            raise ValueError(f"recursive abs-win needs base_hw={self.base_hw} to be a multiple of the window {wh}x{ww}")
+            raise WinposError(f"recursive abs-win needs base_hw={self.base_hw} to be a multiple of the window {wh}x{ww}")
         self.global_embed = nn.Parameter(torch.zeros(1, dim, gh, gw))
         self.window_embed = nn.Parameter(torch.zeros(1, dim, wh, ww))
         if init_std > 0:
             nn.init.trunc_normal_(self.global_embed, std=init_std)
             nn.init.trunc_normal_(self.window_embed, std=init_std)
-        self._cache: dict = {}
-
-    def _key(self, hw, device):
-        return (hw, str(device), self.global_embed._version, self.window_embed._version)
+        self._cache = GridCache(1)  # one grid at a time: inference sweeps move on, old sizes are not reused
 
     def forward(self, hw) -> torch.Tensor:
         hw = as_hw(hw, "token grid")
-        # Under torch.compile the cache key (parameter _version) is data-dependent and breaks the graph; trace instead.
-        cacheable = not (torch.is_grad_enabled() and self.global_embed.requires_grad) and not torch.compiler.is_compiling()
-        key = self._key(hw, self.global_embed.device)
-        if cacheable and key in self._cache:
-            return self._cache[key]
-        if self.mode == "single":
-            grid = abswin_embedding(self.global_embed, self.window_embed, hw, self.antialias)
-        else:
-            grid = abswin_recursive(self.global_embed, self.window_embed, hw, self.base_hw, self.antialias)
-        out = grid.permute(0, 2, 3, 1)
-        if cacheable:
-            # detached: at the stored grid the result can be a view of the parameter, which would otherwise carry
-            # requires_grad into inference code (and make a later jit trace treat it as a grad-requiring constant)
-            out = out.detach()
-            self._cache = {key: out}  # one grid at a time: inference sweeps move on, old sizes are not reused
-        return out
+
+        def build():
+            if self.mode == "single":
+                grid = abswin_embedding(self.global_embed, self.window_embed, hw, self.antialias)
+            else:
+                grid = abswin_recursive(self.global_embed, self.window_embed, hw, self.base_hw, self.antialias)
+            return grid.permute(0, 2, 3, 1)
+
+        # Cached values are detached (winpos.cache): at the stored grid the result can be a view of the parameter,
+        # which would otherwise carry requires_grad into inference code (and into a later jit trace).
+        return self._cache.get(hw, build, self.global_embed, self.window_embed)
 
     def extra_repr(self) -> str:
         return f"mode={self.mode}, global={tuple(self.global_embed.shape[-2:])}, window={tuple(self.window_embed.shape[-2:])}"
@@ -141,18 +136,13 @@ class AbsPosEmbed(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, n, dim))
         if init_std > 0:
             nn.init.trunc_normal_(self.pos_embed, std=init_std)
-        self._cache: dict = {}
+        self._cache = GridCache(1)
 
     def forward(self, hw) -> torch.Tensor:
-        from winpos.posemb.interp import interpolate_abs
-
         hw = as_hw(hw, "token grid")
-        cacheable = not (torch.is_grad_enabled() and self.pos_embed.requires_grad) and not torch.compiler.is_compiling()
-        key = (hw, str(self.pos_embed.device), self.pos_embed._version)
-        if cacheable and key in self._cache:
-            return self._cache[key]
-        out = interpolate_abs(self.pos_embed, hw, has_cls=self.has_cls, antialias=self.antialias, src_hw=self.pretrain_hw)
-        if cacheable:
-            out = out.detach()  # see AbsWinPosEmbed.forward
-            self._cache = {key: out}
-        return out
+
+        def build():
+            return interpolate_abs(self.pos_embed, hw, has_cls=self.has_cls, antialias=self.antialias,
+                                   src_hw=self.pretrain_hw)
+
+        return self._cache.get(hw, build, self.pos_embed)

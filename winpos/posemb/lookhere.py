@@ -21,11 +21,12 @@ Slopes and head layouts (the authors' shorthand, winpos's spread layout, the uni
 defined in ``winpos.posemb.lookhere_layouts``; their public names are re-exported here.
 """
 
-from collections import OrderedDict
-
 import torch
 from torch import Tensor, nn
 
+from winpos.cache import GridCache
+from winpos.errors import WinposError
+from winpos.posemb.coords import query_key_coords
 from winpos.posemb.lookhere_layouts import (
     DEFAULT_GLOBAL_SLOPE,
     DEFAULT_LAYER_SLOPES,
@@ -55,21 +56,19 @@ __all__ = [
     "resolve_head_directions",
 ]
 
-_TILE_CACHE_SIZE = 8
-
 
 def _check_hw(name: str, hw) -> tuple[int, int]:
     try:
         h, w = (int(v) for v in hw)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={hw!r} must be a pair of positive integers (height, width) in tokens") from None
+        raise WinposError(f"{name}={hw!r} must be a pair of positive integers (height, width) in tokens") from None
     if h < 1 or w < 1 or (h, w) != tuple(hw):
-        raise ValueError(f"{name}={tuple(hw)!r} must be a pair of positive integers (height, width) in tokens")
+        raise WinposError(f"{name}={tuple(hw)!r} must be a pair of positive integers (height, width) in tokens")
     return h, w
 
 
 def grid_coords(q_hw, k_hw, device=None) -> tuple[Tensor, Tensor]:
-    """Token coordinates of a query grid and a key grid, in key-grid token units.
+    """Token coordinates of a query grid and a key grid, in key-grid token units (``winpos.posemb.coords``).
 
     Args:
         q_hw: ``(Hq, Wq)`` query grid; either equal to ``k_hw`` or smaller by one integer stride ``s`` on
@@ -83,26 +82,19 @@ def grid_coords(q_hw, k_hw, device=None) -> tuple[Tensor, Tensor]:
     kh, kw = _check_hw("k_hw", k_hw)
     stride = kh // qh
     if stride < 1 or kh != stride * qh or kw != stride * qw:
-        raise ValueError(
+        raise WinposError(
             f"query grid {qh}x{qw} is not the key grid {kh}x{kw} pooled by one integer stride on both axes; "
             "pad the key grid to a multiple of the pooling stride before attention"
         )
-
-    def coords(h: int, w: int, s: int) -> Tensor:
-        offset = (s - 1) / 2
-        y = torch.arange(h, device=device, dtype=torch.float32) * s + offset
-        x = torch.arange(w, device=device, dtype=torch.float32) * s + offset
-        return torch.stack(torch.meshgrid(y, x, indexing="ij"), dim=-1).reshape(h * w, 2)
-
-    return coords(qh, qw, stride), coords(kh, kw, 1)
+    return query_key_coords((qh, qw), (kh, kw), device=device)
 
 
 def _check_fov_coords(fov: Tensor, q_coords: Tensor, k_coords: Tensor) -> None:
     if fov.dim() != 3 or fov.shape[1:] != (2, 2):
-        raise ValueError(f"fov has shape {tuple(fov.shape)}; expected (heads, 2, 2) from head_fields_of_view")
+        raise WinposError(f"fov has shape {tuple(fov.shape)}; expected (heads, 2, 2) from head_fields_of_view")
     for name, c in (("q_coords", q_coords), ("k_coords", k_coords)):
         if c.dim() != 2 or c.shape[1] != 2:
-            raise ValueError(f"{name} has shape {tuple(c.shape)}; expected (N, 2) rows of (y, x)")
+            raise WinposError(f"{name} has shape {tuple(c.shape)}; expected (N, 2) rows of (y, x)")
 
 
 def lookhere_bias(fov: Tensor, slopes: Tensor, q_coords: Tensor, k_coords: Tensor) -> Tensor:
@@ -118,7 +110,7 @@ def lookhere_bias(fov: Tensor, slopes: Tensor, q_coords: Tensor, k_coords: Tenso
     """
     _check_fov_coords(fov, q_coords, k_coords)
     if slopes.shape != (fov.shape[0],):
-        raise ValueError(f"slopes has shape {tuple(slopes.shape)}; expected ({fov.shape[0]},), one per head")
+        raise WinposError(f"slopes has shape {tuple(slopes.shape)}; expected ({fov.shape[0]},), one per head")
     q = q_coords.float()
     k = k_coords.to(device=q.device, dtype=torch.float32)
     dy = k[None, :, 0] - q[:, None, 0]  # (Nq, Nk)
@@ -183,7 +175,7 @@ def fov_tile_classes(fov: Tensor, q_coords: Tensor, k_coords: Tensor, block_q: i
     _check_fov_coords(fov, q_coords, k_coords)
     for name, block in (("block_q", block_q), ("block_k", block_k)):
         if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-            raise ValueError(f"{name}={block!r} must be an integer >= 1 (tokens per kernel tile)")
+            raise WinposError(f"{name}={block!r} must be an integer >= 1 (tokens per kernel tile)")
     q = q_coords.to(torch.float32)
     k = k_coords.to(device=q.device, dtype=torch.float32)
     ab = fov.to(device=q.device, dtype=torch.float32)  # (H, 2, 2)
@@ -236,7 +228,8 @@ class LookHere(nn.Module):
             defaults (``"linear"``, ``"inf"``) are implemented.
 
     Buffers (not saved in checkpoints: they follow from the arguments): ``fov`` int8 ``(H, 2, 2)`` (rows of
-    zero-slope heads cleared), ``slopes`` fp32 ``(H,)``. Do not edit them in place; caches would go stale.
+    zero-slope heads cleared), ``slopes`` fp32 ``(H,)``. What depends on the grid is cached (``winpos.cache``) under
+    their fingerprints, so ``set_global_slope`` (which edits them in place) invalidates exactly what it changes.
     """
 
     def __init__(self, num_heads: int, variant=None, layer_index: int = 0, num_layers: int = 12,
@@ -244,7 +237,7 @@ class LookHere(nn.Module):
                  slope_units=None, distance: str = "linear", fill_with: str = "inf"):
         super().__init__()
         if distance != "linear" or fill_with != "inf":
-            raise ValueError(f"distance={distance!r}, fill_with={fill_with!r} are ablations of the authors' code that "
+            raise WinposError(f"distance={distance!r}, fill_with={fill_with!r} are ablations of the authors' code that "
                              "winpos does not implement; use distance='linear', fill_with='inf'")
         _check_layer(layer_index, num_layers)
         self._official_units = layer_slopes is not None or head_directions is not None or slope_units == "official"
@@ -264,9 +257,9 @@ class LookHere(nn.Module):
         slopes = self._slopes(self.global_slope)
         self.register_buffer("fov", self._visible_fov(slopes), persistent=False)
         self.register_buffer("slopes", slopes.float(), persistent=False)
-        self._bias_cache: tuple[tuple, Tensor] | None = None  # one entry: a dense bias can be large
-        self._tile_cache: OrderedDict[tuple, Tensor] = OrderedDict()
-        self._shift_cache: tuple[tuple, Tensor] | None = None
+        # Per grid (winpos.cache), keyed on the fov and slopes buffers: set_global_slope's in-place edits of them
+        # invalidate what they change. One dense bias and one displacement table (both can be large), 8 tile maps.
+        self._bias_cache, self._shift_cache, self._tile_cache = GridCache(1), GridCache(1), GridCache(8)
 
     def _slopes(self, global_slope: float) -> Tensor:
         return torch.tensor(_slopes64(self._head_slopes, self.layer_index, self.num_layers, global_slope,
@@ -285,11 +278,9 @@ class LookHere(nn.Module):
         slopes = self._slopes(value)
         fov = self._visible_fov(slopes).to(self.fov.device)
         if not torch.equal(fov, self.fov):
-            self.fov.copy_(fov)
-            self._tile_cache.clear()
+            self.fov.copy_(fov)  # tile classes depend on fov only: kept while it stays the same
         self.slopes.copy_(slopes.float())
         self.global_slope = value
-        self._bias_cache = self._shift_cache = None
 
     def dense_bytes(self, q_hw, k_hw) -> int:
         """Bytes of the dense fp32 bias for these grids (what ``bias`` would build and cache)."""
@@ -299,14 +290,14 @@ class LookHere(nn.Module):
     def bias_rows(self, q_hw, k_hw, start: int, stop: int, out: Tensor | None = None) -> Tensor:
         """Rows ``start:stop`` (queries, row-major) of the dense bias, ``(H, stop - start, Hk*Wk)``, written into
         ``out`` when given. For grids whose dense bias is too large to keep (see
-        ``winpos.attention.LOOKHERE_CACHE_BYTES``). Unpooled grids copy the rows out of a cached displacement
+        ``winpos.attention.bias.LOOKHERE_CACHE_BYTES``). Unpooled grids copy the rows out of a cached displacement
         table (the bias depends only on key - query): one pass over the rows instead of a dozen."""
         q_hw, k_hw = _check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw)
         rows, n_q = stop - start, q_hw[0] * q_hw[1]
         if not 0 <= start < stop <= n_q:
-            raise ValueError(f"query rows {start}:{stop} are not a nonempty range inside the {n_q} queries of {q_hw}")
+            raise WinposError(f"query rows {start}:{stop} are not a nonempty range inside the {n_q} queries of {q_hw}")
         if out is not None and out.shape != (self.num_heads, rows, k_hw[0] * k_hw[1]):
-            raise ValueError(f"out has shape {tuple(out.shape)}; expected {(self.num_heads, rows, k_hw[0] * k_hw[1])}")
+            raise WinposError(f"out has shape {tuple(out.shape)}; expected {(self.num_heads, rows, k_hw[0] * k_hw[1])}")
         table = self._shift_table(k_hw) if q_hw == k_hw else None
         if table is None:
             q, k = grid_coords(q_hw, k_hw, device=self.slopes.device)
@@ -332,9 +323,8 @@ class LookHere(nn.Module):
         H, W = k_hw
         if self.num_heads * (2 * H - 1) * W * W * 4 > SHIFT_TABLE_BYTES:
             return None
-        key = (tuple(k_hw), self.slopes.device)  # set_global_slope drops it, like the dense cache
-        if self._shift_cache is None or self._shift_cache[0] != key:
-            self._shift_cache = None
+
+        def build():
             dev = self.slopes.device
             dy = torch.arange(-(H - 1), H, device=dev, dtype=torch.float32)
             dx = torch.arange(-(W - 1), W, device=dev, dtype=torch.float32)
@@ -342,33 +332,32 @@ class LookHere(nn.Module):
             origin = torch.zeros(1, 2, device=dev)
             flat = lookhere_bias(self.fov, self.slopes.float(), origin, shifts).view(self.num_heads, 2 * H - 1, 2 * W - 1)
             cols = torch.arange(W, device=dev)
-            self._shift_cache = (key, flat[:, :, cols[None, :] - cols[:, None] + W - 1].contiguous())
-        return self._shift_cache[1]
+            return flat[:, :, cols[None, :] - cols[:, None] + W - 1].contiguous()
+
+        return self._shift_cache.get(tuple(k_hw), build, self.fov, self.slopes)
 
     def bias(self, q_hw, k_hw) -> Tensor:
         """Dense fp32 bias ``(H, Hq*Wq, Hk*Wk)`` for row-major grids (see ``grid_coords`` for pooling).
 
-        Cached for the last ``(q_hw, k_hw, device)``; a different grid rebuilds it.
+        Cached for the last grid; a different grid rebuilds it.
         """
-        key = (_check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw), self.slopes.device)
-        if self._bias_cache is None or self._bias_cache[0] != key:
-            self._bias_cache = None  # free the old grid's bias before building the new one
-            q, k = grid_coords(key[0], key[1], device=self.slopes.device)
-            self._bias_cache = (key, lookhere_bias(self.fov, self.slopes.float(), q, k))
-        return self._bias_cache[1]
+        q_hw, k_hw = _check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw)
+
+        def build():
+            q, k = grid_coords(q_hw, k_hw, device=self.slopes.device)
+            return lookhere_bias(self.fov, self.slopes.float(), q, k)
+
+        return self._bias_cache.get((q_hw, k_hw), build, self.fov, self.slopes)
 
     def tile_classes(self, q_hw, k_hw, block_q: int, block_k: int) -> Tensor:
         """int8 ``(H, nQblocks, nKblocks)`` from ``fov_tile_classes`` on row-major grids; cached (LRU)."""
-        key = (_check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw), block_q, block_k, self.fov.device)
-        if key in self._tile_cache:
-            self._tile_cache.move_to_end(key)
-            return self._tile_cache[key]
-        q, k = grid_coords(key[0], key[1], device=self.fov.device)
-        classes = fov_tile_classes(self.fov, q, k, block_q, block_k)
-        self._tile_cache[key] = classes
-        if len(self._tile_cache) > _TILE_CACHE_SIZE:
-            self._tile_cache.popitem(last=False)
-        return classes
+        q_hw, k_hw = _check_hw("q_hw", q_hw), _check_hw("k_hw", k_hw)
+
+        def build():
+            q, k = grid_coords(q_hw, k_hw, device=self.fov.device)
+            return fov_tile_classes(self.fov, q, k, block_q, block_k)
+
+        return self._tile_cache.get((q_hw, k_hw, block_q, block_k), build, self.fov)
 
     def extra_repr(self) -> str:
         layout = (f"head_directions={self.shorthand!r}" if self.shorthand

@@ -24,7 +24,13 @@ import torch
 import torch.nn as nn
 from torch import Tensor
 
-from winpos.errors import as_hw, check_choice
+from winpos.cache import GridCache
+from winpos.errors import WinposError, as_hw, check_choice
+from winpos.posemb.coords import query_key_coords
+
+__all__ = ["AXIS_ORDERS", "COORDS", "KINDS", "PAIRINGS", "RoPE", "RopeTables", "apply_rope", "axial_frequencies",
+           "init_mixed_frequencies", "query_key_coords", "rope_on_grid", "rope_rot_dims", "rotate_grid",
+           "spread_table"]
 
 KINDS = ("axial", "mixed")
 PAIRINGS = ("half", "interleaved")
@@ -50,16 +56,16 @@ class RopeTables(NamedTuple):
 def rope_rot_dims(head_dim: int, fraction: float) -> int:
     """R: the largest multiple of 4 that is <= ``fraction * head_dim`` (2 axes x whole dim pairs)."""
     if not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
-        raise ValueError(
+        raise WinposError(
             f"head_dim={head_dim!r} must be a positive even int (RoPE rotates dims in pairs); "
             "choose embed_dim and num_heads so that embed_dim // num_heads is even"
         )
     if not (isinstance(fraction, (int, float)) and 0.0 < fraction <= 1.0):
-        raise ValueError(f"rope fraction={fraction!r} must be in (0, 1]; it is the share of head dims rotated")
+        raise WinposError(f"rope fraction={fraction!r} must be in (0, 1]; it is the share of head dims rotated")
     # The epsilon keeps e.g. 0.3 * 40 = 11.999999... from dropping a whole group of 4 dims.
     rot = int(math.floor(fraction * head_dim + 1e-9)) // 4 * 4
     if rot == 0:
-        raise ValueError(
+        raise WinposError(
             f"fraction={fraction} of head_dim={head_dim} rotates fewer than 4 dims (2 axes x 1 pair); "
             f"raise fraction to at least {4 / head_dim:.3g} or use a larger head_dim"
         )
@@ -95,60 +101,26 @@ def init_mixed_frequencies(
     return torch.stack([f_y, f_x])
 
 
-def query_key_coords(q_hw, k_hw, ref_hw=None, device=None) -> tuple[Tensor, Tensor]:
-    """Token coordinates ``(Nq, 2)`` and ``(Nk, 2)`` as (y, x) in float32, row-major.
-
-    Keys sit at integer (y, x) on the ``k_hw`` grid. Queries on a grid pooled by an integer stride s per axis
-    (``k = s * q``, Hiera q-pooling) sit at the centre of their s x s key cell, ``s * i + (s - 1) / 2``, so q and k
-    share one frame. With ``ref_hw`` both are rescaled by ``ref / k_size`` per axis (EVA / timm
-    ``ref_feat_shape`` position interpolation).
-    """
-    (qh, qw), (kh, kw) = as_hw(q_hw, "q_hw"), as_hw(k_hw, "k_hw")
-    if qh > kh or qw > kw:
-        raise ValueError(
-            f"query grid {qh}x{qw} is larger than the key grid {kh}x{kw}; RoPE supports equal grids or pooled "
-            "queries (key grid = integer stride x query grid): swap q_hw and k_hw or pool the queries"
-        )
-    if kh % qh or kw % qw:
-        raise ValueError(
-            f"query grid {qh}x{qw} does not pool the key grid {kh}x{kw} by an integer stride; RoPE places pooled "
-            "queries at key-cell centres, so pad the key grid to a multiple of the query stride"
-        )
-    axes_q, axes_k = [], []
-    for q_size, k_size, ref in zip((qh, qw), (kh, kw), ref_hw if ref_hw is not None else (None, None)):
-        stride = k_size // q_size
-        k_t = torch.arange(k_size, device=device, dtype=torch.int64).to(torch.float32)
-        q_t = torch.arange(q_size, device=device, dtype=torch.int64).to(torch.float32) * stride + (stride - 1) / 2
-        if ref is not None:
-            # Divide then multiply, in this order, to match timm's ref_feat_shape rounding bit for bit.
-            k_t, q_t = k_t / k_size * ref, q_t / k_size * ref
-        axes_q.append(q_t)
-        axes_k.append(k_t)
-    grid_q = torch.stack(torch.meshgrid(*axes_q, indexing="ij"), dim=-1).reshape(-1, 2)
-    grid_k = torch.stack(torch.meshgrid(*axes_k, indexing="ij"), dim=-1).reshape(-1, 2)
-    return grid_q, grid_k
-
-
 def _check_apply_inputs(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairing: str) -> None:
     check_choice("pairing", pairing, PAIRINGS)
     if x.dim() != 4 or not x.is_floating_point():
-        raise ValueError(
+        raise WinposError(
             f"apply_rope expects a float x of shape (B, heads, N, head_dim), got {x.dtype} {tuple(x.shape)}; "
             "reshape tokens to (B, heads, N, head_dim) before rotating"
         )
     _, heads, n, head_dim = x.shape
     if not isinstance(rot_dims, int) or rot_dims <= 0 or rot_dims % 2 or rot_dims > head_dim:
-        raise ValueError(
+        raise WinposError(
             f"rot_dims={rot_dims!r} must be a positive even int <= head_dim={head_dim}; "
             "build the tables with RoPE(head_dim=...) for this attention's head_dim"
         )
     if cos.shape != sin.shape or cos.dim() not in (2, 3):
-        raise ValueError(
+        raise WinposError(
             f"cos {tuple(cos.shape)} and sin {tuple(sin.shape)} must share a shape (N, R/2) or (heads, N, R/2); "
             "pass the matching pair from one RopeTables"
         )
     if cos.shape[-1] != rot_dims // 2 or cos.shape[-2] != n or (cos.dim() == 3 and cos.shape[0] not in (1, heads)):
-        raise ValueError(
+        raise WinposError(
             f"rope tables {tuple(cos.shape)} do not fit x {tuple(x.shape)} with rot_dims={rot_dims}: expected "
             f"(N={n}, {rot_dims // 2}) or (heads={heads}, N={n}, {rot_dims // 2}); request the tables for this "
             "grid (q tables for q, k tables for k)"
@@ -186,6 +158,66 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairing: str)
     return torch.cat([rotated, x[..., rot_dims:]], dim=-1)
 
 
+# ------------------------------------------------------------------------------------------ RoPE on the grid
+# The one PyTorch rotation of q and k in the ``(B, H, W, heads, D)`` grid layout (the attention reference uses it;
+# the Triton kernels rotate the same way on load).
+def spread_table(table: Tensor, win_hw, grid_hw) -> Tensor:
+    """Spread a per-window table ``(N, R/2)`` or ``(heads, N, R/2)`` over a grid whose windows it tiles (the whole
+    grid for global attention): ``(H, W, 1 | heads, R/2)``, token (y, x) taking the row of ``(y % wh, x % ww)``.
+    Differentiable (a gather)."""
+    (wh, ww), (H, W) = win_hw, grid_hw
+    ys = torch.arange(H, device=table.device) % wh
+    xs = torch.arange(W, device=table.device) % ww
+    idx = ys[:, None] * ww + xs[None, :]
+    return table[idx][:, :, None] if table.dim() == 2 else table[:, idx].permute(1, 2, 0, 3)
+
+
+def rotate_grid(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairing: str) -> Tensor:
+    """RoPE on grid tensors ``(B, H, W, heads, D)`` with spread ``(H, W, 1 | heads, R/2)`` tables (``spread_table``);
+    only the first R dims are touched, in at least fp32, written into one fresh tensor (cheaper than rotating
+    partitioned copies). Same arithmetic as ``apply_rope``."""
+    half = rot_dims // 2
+    compute = torch.promote_types(x.dtype, torch.float32)
+    if pairing == "half":
+        pick = (slice(0, half), slice(half, rot_dims))
+    else:
+        pick = (slice(0, rot_dims, 2), slice(1, rot_dims, 2))
+    a, b = x[..., pick[0]].to(compute), x[..., pick[1]].to(compute)
+    c, s = cos.to(compute), sin.to(compute)
+    if compute == x.dtype and not (torch.is_grad_enabled() and (x.requires_grad or c.requires_grad or s.requires_grad)):
+        # Inference in fp32: write each rotated half in place (a multiply and a fused multiply-add), no temporaries.
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        if rot_dims < x.shape[-1]:
+            out[..., rot_dims:] = x[..., rot_dims:]
+        out_a, out_b = out[..., pick[0]], out[..., pick[1]]
+        torch.mul(a, c, out=out_a).addcmul_(b, s, value=-1)
+        torch.mul(b, c, out=out_b).addcmul_(a, s)
+        return out
+    out = x.clone(memory_format=torch.contiguous_format)
+    out[..., pick[0]] = a * c - b * s
+    out[..., pick[1]] = b * c + a * s
+    return out
+
+
+def rope_on_grid(q: Tensor, k: Tensor, rope, q_window, k_window) -> tuple[Tensor, Tensor]:
+    """Rotate q ``(B, Hq, Wq, heads, D)`` and k ``(B, Hk, Wk, heads, D)`` on their grids with the provider's
+    window-local tables (``q_window`` / ``k_window``: the attention group, the whole grid for global attention).
+
+    ``rope``: a ``RoPE`` (its spread tables are cached per grid) or any object with ``tables(q_hw, k_hw) ->
+    RopeTables`` (spread on every call)."""
+    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+    if isinstance(rope, RoPE):
+        cos_q, sin_q, cos_k, sin_k = rope.grid_tables(q_window, k_window, q_hw, k_hw)
+        rot_dims, pairing = rope.rot_dims, rope.pairing
+    else:
+        t = rope.tables(q_window, k_window)
+        cos_q, sin_q = spread_table(t.cos_q, q_window, q_hw), spread_table(t.sin_q, q_window, q_hw)
+        cos_k, sin_k = spread_table(t.cos_k, k_window, k_hw), spread_table(t.sin_k, k_window, k_hw)
+        rot_dims, pairing = t.rot_dims, t.pairing
+    return rotate_grid(q, cos_q, sin_q, rot_dims, pairing), rotate_grid(k, cos_k, sin_k, rot_dims, pairing)
+
+
+
 class RoPE(nn.Module):
     """Tables of 2D rotary position embedding for one attention layer.
 
@@ -220,28 +252,28 @@ class RoPE(nn.Module):
         self.axis_order = check_choice("axis_order", axis_order, AXIS_ORDERS)
         self.coords = check_choice("coords", coords, COORDS)
         if not isinstance(num_heads, int) or num_heads <= 0:
-            raise ValueError(f"num_heads={num_heads!r} must be a positive int")
+            raise WinposError(f"num_heads={num_heads!r} must be a positive int")
         self.rot_dims = rope_rot_dims(head_dim, fraction)
         self.head_dim, self.num_heads, self.fraction = head_dim, num_heads, fraction
         for name, value in (("base", base), ("mixed_init_base", mixed_init_base)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}={value!r} must be a finite positive number (e.g. 100 axial, 10 mixed)")
+                raise WinposError(f"{name}={value!r} must be a finite positive number (e.g. 100 axial, 10 mixed)")
         self.base, self.mixed_init_base = float(base), float(mixed_init_base)
         if coords == "normalized":
             if ref_hw is None:
-                raise ValueError(
+                raise WinposError(
                     "coords='normalized' rescales positions onto a reference grid; pass ref_hw=(H, W) of the "
                     "pretraining grid, or use coords='integer'"
                 )
             self.ref_hw = as_hw(ref_hw, "ref_hw")
         elif ref_hw is not None:
-            raise ValueError(f"ref_hw={ref_hw!r} is only used with coords='normalized'; drop it or switch coords")
+            raise WinposError(f"ref_hw={ref_hw!r} is only used with coords='normalized'; drop it or switch coords")
         else:
             self.ref_hw = None
         self.shared_heads = bool(shared_heads)
         if kind == "axial":
             if not self.shared_heads:
-                raise ValueError(
+                raise WinposError(
                     "kind='axial' has one fixed frequency ladder for all heads, so shared_heads=False would "
                     "only copy it; use shared_heads=True, or kind='mixed' for learnable per-head frequencies"
                 )
@@ -251,16 +283,14 @@ class RoPE(nn.Module):
             self.freqs = nn.Parameter(
                 init_mixed_frequencies(self.rot_dims, heads, self.mixed_init_base, self.axis_order)
             )
-        self._tables: dict = {}
-        self._coords: dict = {}
+        # Per grid (winpos.cache): coordinates, axial tables, and tables spread over a whole grid.
+        self._coords, self._tables, self._grid_tables = GridCache(8), GridCache(8), GridCache(8)
 
     def _apply(self, fn, *args, **kwargs):
         module = super()._apply(fn, *args, **kwargs)
         # .half()/.bfloat16() would quantize the ladder, and position x frequency amplifies the error: keep fp32.
         if self.kind == "axial" and self.inv_freq.dtype != torch.float32:
             self.inv_freq = axial_frequencies(self.rot_dims, self.base, device=self.inv_freq.device)
-        self._tables.clear()
-        self._coords.clear()
         return module
 
     def no_weight_decay(self) -> set[str]:
@@ -268,12 +298,16 @@ class RoPE(nn.Module):
         return {"freqs"} if self.kind == "mixed" else set()
 
     def _grids(self, q_hw, k_hw, device) -> tuple[Tensor, Tensor]:
-        key = (q_hw, k_hw, device)
-        if key not in self._coords:
+        def build():
             # Built outside inference mode so a cache filled during eval stays usable in training.
             with torch.inference_mode(False), torch.no_grad():
-                self._coords[key] = query_key_coords(q_hw, k_hw, self.ref_hw, device)
-        return self._coords[key]
+                return query_key_coords(q_hw, k_hw, self.ref_hw, device)
+
+        return self._coords.get((q_hw, k_hw, device), build)
+
+    def _source(self) -> Tensor:
+        """The tensor the tables are computed from: the fixed ladder (axial) or the learned frequencies (mixed)."""
+        return self.inv_freq if self.kind == "axial" else self.freqs
 
     def _axial_angles(self, grid: Tensor) -> Tensor:
         first, second = (0, 1) if self.axis_order == "yx" else (1, 0)
@@ -293,18 +327,18 @@ class RoPE(nn.Module):
         centres; the stride ``k / q`` must be an integer per axis. Returns :class:`RopeTables` (see module doc).
         """
         q_hw, k_hw = as_hw(q_hw, "q_hw"), as_hw(k_hw, "k_hw")
-        device = self.inv_freq.device if self.kind == "axial" else self.freqs.device
+        device = self._source().device
         if self.kind == "axial":
-            key = (q_hw, k_hw, device)
-            if key not in self._tables:
+            def build():
                 grid_q, grid_k = self._grids(q_hw, k_hw, device)
                 with torch.inference_mode(False), torch.no_grad():
                     ang_k = self._axial_angles(grid_k)
                     ang_q = ang_k if q_hw == k_hw else self._axial_angles(grid_q)
                     cos_k, sin_k = ang_k.cos(), ang_k.sin()
                     cos_q, sin_q = (cos_k, sin_k) if q_hw == k_hw else (ang_q.cos(), ang_q.sin())
-                self._tables[key] = RopeTables(cos_q, sin_q, cos_k, sin_k, self.rot_dims, self.pairing)
-            return self._tables[key]
+                return RopeTables(cos_q, sin_q, cos_k, sin_k, self.rot_dims, self.pairing)
+
+            return self._tables.get((q_hw, k_hw), build, self.inv_freq)
         grid_q, grid_k = self._grids(q_hw, k_hw, device)
         ang_k = self._mixed_angles(grid_k)
         cos_k, sin_k = ang_k.cos(), ang_k.sin()
@@ -314,6 +348,18 @@ class RoPE(nn.Module):
             ang_q = self._mixed_angles(grid_q)
             cos_q, sin_q = ang_q.cos(), ang_q.sin()
         return RopeTables(cos_q, sin_q, cos_k, sin_k, self.rot_dims, self.pairing)
+
+    def grid_tables(self, q_window, k_window, q_hw, k_hw) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``tables(q_window, k_window)`` spread over a ``q_hw`` query and a ``k_hw`` key grid that the windows
+        tile: ``(cos_q, sin_q, cos_k, sin_k)``, each ``(H, W, 1 | heads, R/2)`` (see ``spread_table``). Cached per
+        grid; recomputed (differentiably) while the mixed frequencies are being trained."""
+        def build():
+            t = self.tables(q_window, k_window)
+            return (spread_table(t.cos_q, q_window, q_hw), spread_table(t.sin_q, q_window, q_hw),
+                    spread_table(t.cos_k, k_window, k_hw), spread_table(t.sin_k, k_window, k_hw))
+
+        key = (tuple(q_window), tuple(k_window), tuple(q_hw), tuple(k_hw))
+        return self._grid_tables.get(key, build, self._source())
 
     def extra_repr(self) -> str:
         ref = f", ref_hw={self.ref_hw}" if self.ref_hw is not None else ""

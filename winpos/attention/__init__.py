@@ -1,0 +1,72 @@
+"""The one attention entry point of winpos: window or global attention on a token grid, with position terms.
+
+Callers pass q, k, v on the (padded) token grid and a *description* of the position terms (a RoPE provider,
+relpos tables, a LookHere provider), never a materialized N x N bias. Two backends give the same answer:
+
+- ``reference``: PyTorch SDPA on partitioned windows (``winpos.attention.reference``).
+- ``triton``: the fused kernels of ``winpos.kernels`` (CUDA only), which compute every term per tile.
+
+``backend="auto"`` picks Triton on CUDA when it is installed and the reference elsewhere;
+``WINPOS_ATTENTION_BACKEND=reference|triton`` forces either globally.
+
+The package by job: ``terms`` (the input types and their validation), ``geometry`` (groups and the padding mask,
+with the kernels' rules), ``reference`` (the SDPA backend), ``bias`` (building its additive bias), ``workspace``
+(its reused CPU mask buffer) and ``spec`` (the materialized specification the tests compare against).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from winpos.attention.reference import reference_attention
+from winpos.attention.spec import dense_attention
+from winpos.attention.terms import PositionTerms, check_inputs
+from winpos.attention.workspace import release_workspace
+from winpos.errors import WinposError, check_choice
+from winpos.windows import PAD_MODES
+
+__all__ = ["BACKENDS", "PositionTerms", "attention", "dense_attention", "reference_attention", "release_workspace",
+           "resolve_backend"]
+
+BACKENDS = ("auto", "reference", "triton")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``"reference"`` or ``"triton"`` for ``backend`` (``"auto"``: Triton on CUDA when installed; the
+    ``WINPOS_ATTENTION_BACKEND`` environment variable overrides ``"auto"``)."""
+    from winpos.kernels import TRITON_INSTALLED
+
+    backend = os.environ.get("WINPOS_ATTENTION_BACKEND", backend) if backend == "auto" else backend
+    check_choice("attention backend", backend, BACKENDS)
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and TRITON_INSTALLED else "reference"
+    if backend == "triton" and not TRITON_INSTALLED:
+        raise WinposError("backend='triton' was forced but winpos.kernels could not be imported; install triton")
+    return backend
+
+
+def attention(q, k, v, *, window=None, pos: PositionTerms | None = None, valid_hw=None, pad_mode="zeros",
+              scale=None, backend="auto"):
+    """Window or global attention on a token grid.
+
+    Args:
+        q: ``(B, Hq, Wq, heads, head_dim)`` queries; ``Hq = Hk / s`` for pooled queries (Hiera q-pool, stride s).
+        k, v: ``(B, Hk, Wk, heads, head_dim)`` keys and values; the grid must already be padded to multiples of
+            ``window`` (``winpos.windows.pad_to_window``).
+        window: key window size, or None/0 for global attention. The query window is ``window / s``.
+        pos: position terms (RoPE provider, relpos tables, LookHere provider).
+        valid_hw: the unpadded key grid ``(H, W)``; used by ``pad_mode="mask"``.
+        pad_mode: ``"zeros"`` (detectron2/SAM: padded tokens are unmasked keys) or ``"mask"``.
+        scale: logit scale, default ``head_dim ** -0.5``.
+        backend: ``"auto"``, ``"reference"`` or ``"triton"`` (see ``resolve_backend``).
+    Returns:
+        ``(B, Hq, Wq, heads, head_dim)``.
+    """
+    check_inputs(q, k, v)
+    check_choice("pad_mode", pad_mode, PAD_MODES)
+    if resolve_backend(backend, q.device) == "triton":
+        from winpos.kernels import window_attention as triton_attention
+
+        return triton_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
+    return reference_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
