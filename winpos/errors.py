@@ -110,14 +110,15 @@ def _one_line(text: str) -> str:
 def run_cli(main: Callable[..., int | None], argv=None) -> int:
     """Run a tool's ``main(argv)`` and turn errors into one line on stderr and an exit status.
 
-    ``WinposError`` / ``ValueError`` and missing or unusable paths are bad input: ``EXIT_USAGE`` (2). Any other
-    ``OSError`` (disk full, file size limit) happened while working: ``EXIT_FAILED`` (1). The returned status of
-    ``main`` (None meaning 0) is passed through otherwise.
+    ``WinposError`` (every check of winpos raises it) and missing or unusable paths are bad input:
+    ``EXIT_USAGE`` (2). Any other ``OSError`` (disk full, file size limit) happened while working: ``EXIT_FAILED``
+    (1). Any other exception is a bug and keeps its traceback. The returned status of ``main`` (None meaning 0) is
+    passed through otherwise.
     """
     quiet_third_party_warnings()
     try:
         status = main(argv)
-    except (ValueError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
+    except (WinposError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         _print_error(e)
         return EXIT_USAGE
     except OSError as e:

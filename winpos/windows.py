@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from winpos.errors import WinposError
 
 PAD_MODES = ("zeros", "mask")
 
@@ -32,7 +33,7 @@ def window_partition(x: torch.Tensor, window: int) -> torch.Tensor:
     B, Hp, Wp = x.shape[:3]
     rest = x.shape[3:]
     if Hp % window or Wp % window:
-        raise ValueError(f"window {window} does not tile the {Hp}x{Wp} grid; pad it first with pad_to_window")
+        raise WinposError(f"window {window} does not tile the {Hp}x{Wp} grid; pad it first with pad_to_window")
     x = x.reshape(B, Hp // window, window, Wp // window, window, *rest)
     x = x.transpose(2, 3)
     return x.reshape(B * (Hp // window) * (Wp // window), window * window, *rest)

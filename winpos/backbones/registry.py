@@ -19,6 +19,7 @@ import inspect
 from typing import Callable
 
 import torch.nn as nn
+from winpos.errors import WinposError
 
 PRESETS: dict[str, Callable[..., nn.Module]] = {}
 
@@ -35,7 +36,7 @@ def register_preset(name: str):
             # Reloading a module re-registers the same function name; anything else is a clash.
             if getattr(existing, "__qualname__", None) != getattr(factory, "__qualname__", None) or \
                     getattr(existing, "__module__", None) != getattr(factory, "__module__", None):
-                raise ValueError(f"backbone preset {name!r} is already registered by {existing.__module__}; "
+                raise WinposError(f"backbone preset {name!r} is already registered by {existing.__module__}; "
                                  "pick a different name")
         PRESETS[name] = factory
         return factory
@@ -55,7 +56,7 @@ def build_preset(cls: type, family: str, sizes: dict, recipes: dict, size: str, 
     valid = set(inspect.signature(cls.__init__).parameters) - {"self"}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise ValueError(f"unknown {family} arguments {unknown}; valid ones are {sorted(valid)}")
+        raise WinposError(f"unknown {family} arguments {unknown}; valid ones are {sorted(valid)}")
     return cls(**{**copy.deepcopy(sizes[size]), **copy.deepcopy(recipes[recipe]), **overrides})
 
 
@@ -105,5 +106,5 @@ def create(name: str, recipe: str = "original", **overrides) -> nn.Module:
     """
     _import_models()
     if name not in PRESETS:
-        raise ValueError(f"unknown backbone preset {name!r}; available presets: {', '.join(sorted(PRESETS))}")
+        raise WinposError(f"unknown backbone preset {name!r}; available presets: {', '.join(sorted(PRESETS))}")
     return PRESETS[name](recipe=recipe, **overrides)

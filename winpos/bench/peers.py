@@ -13,6 +13,7 @@ from typing import Callable
 
 import torch
 import torch.nn as nn
+from winpos.errors import WinposError
 
 D2_VIT = "detectron2 ViT-B (relpos everywhere)"
 SAM_VIT = "segment-anything ViT-B encoder trunk"
@@ -164,13 +165,13 @@ def rows_for(which: str = "all", patterns=None) -> list[str]:
     weight sources of those rows.
     """
     if which not in ("all", *REFERENCE):
-        raise ValueError(f"which={which!r}; choose 'all', 'vitdet' or 'hiera'")
+        raise WinposError(f"which={which!r}; choose 'all', 'vitdet' or 'hiera'")
     names = [name for name, row in ROWS.items() if which in ("all", row.family)]
     if not patterns:
         return names
     chosen = [n for n in names if any(p.lower() in n.lower() for p in patterns)]
     if not chosen:
-        raise ValueError(f"no {which} row matches {list(patterns)}; rows: {'; '.join(names)}")
+        raise WinposError(f"no {which} row matches {list(patterns)}; rows: {'; '.join(names)}")
     keep = set(chosen) | {ROWS[n].peer for n in chosen} | {ROWS[n].source for n in chosen}
     return [n for n in names if n in keep]
 
@@ -178,7 +179,7 @@ def rows_for(which: str = "all", patterns=None) -> list[str]:
 def build_model(name: str, img_size: int, built: dict | None = None) -> nn.Module:
     """The model of row ``name`` for ``img_size`` inputs (eval mode, CPU); ``built`` caches rows across calls."""
     if name not in ROWS:
-        raise ValueError(f"unknown benchmark row {name!r}; rows: {', '.join(ROWS)}")
+        raise WinposError(f"unknown benchmark row {name!r}; rows: {', '.join(ROWS)}")
     built = {} if built is None else built
     if name not in built:
         built[name] = ROWS[name].build(img_size, built)

@@ -7,6 +7,7 @@ import math
 import torch
 
 from winpos.bench.timing import interleaved_medians, peak_rss_mib, print_table
+from winpos.errors import WinposError
 
 VARIANTS = {
     "window-only (abswin, no global blocks)": dict(recipe="paper", global_blocks=(), global_pos="none"),
@@ -62,10 +63,10 @@ def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
         except ValueError:
             hw = ()
         if len(hw) not in (1, 2) or min(hw) <= 0:
-            raise ValueError(f"size {item!r} in {text!r}: write sizes as H or HxW in pixels, e.g. 256,512x768")
+            raise WinposError(f"size {item!r} in {text!r}: write sizes as H or HxW in pixels, e.g. 256,512x768")
         sizes.append(hw * 2 if len(hw) == 1 else hw)
     if len(sizes) < 2:
-        raise ValueError(f"sizes {text!r}: the growth exponent needs at least two sizes")
+        raise WinposError(f"sizes {text!r}: the growth exponent needs at least two sizes")
     return tuple(sizes)
 
 
@@ -73,7 +74,6 @@ def check_preset(preset: str) -> str:
     """Return ``preset`` if it names a ViTDet preset, else raise a WinposError listing them (the scaling variants
     are ViTDet recipes)."""
     from winpos.backbones.registry import PRESETS, _import_models
-    from winpos.errors import WinposError
 
     _import_models()
     vit = sorted(p for p in PRESETS if p.startswith("vitdet"))

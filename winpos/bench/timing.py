@@ -13,6 +13,7 @@ import time
 from typing import Callable
 
 import torch
+from winpos.errors import WinposError
 
 
 def progress(total: int, desc: str):
@@ -56,7 +57,7 @@ def round_ratios(peer: list[float], mine: list[float]) -> list[float]:
     """Per-round speedups ``peer / mine`` of two functions timed in the same rounds: their spread shows how far the
     machine's noise moves a ratio (both calls of a round share its conditions)."""
     if len(peer) != len(mine) or not peer:
-        raise ValueError(f"need the same nonzero number of rounds for both, got {len(peer)} and {len(mine)}")
+        raise WinposError(f"need the same nonzero number of rounds for both, got {len(peer)} and {len(mine)}")
     return [p / m for p, m in zip(peer, mine)]
 
 

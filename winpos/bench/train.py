@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from winpos.bench.timing import print_table, progress
+from winpos.errors import WinposError
 
 BASELINE = "abswin"
 
@@ -28,7 +29,7 @@ def available_encodings(which: str, config_dir) -> list[str]:
     pattern = re.compile(rf"mask_rcnn_{re.escape(which)}_toy_(\w+)\.py$")
     found = sorted(m.group(1) for p in config_dir.glob("*.py") if (m := pattern.match(p.name)))
     if not found:
-        raise ValueError(f"no mask_rcnn_{which}_toy_*.py under {config_dir}; pass the configs/shapes folder of a "
+        raise WinposError(f"no mask_rcnn_{which}_toy_*.py under {config_dir}; pass the configs/shapes folder of a "
                          "winpos checkout, with which='hieradet' or 'vitdet'")
     return found
 
@@ -84,9 +85,9 @@ def run(config_dir, which="hieradet", encodings=None, iters=5, warmup=1, bf16=Fa
     encodings = list(encodings or known)
     unknown = [e for e in encodings if e not in known]
     if unknown:
-        raise ValueError(f"no shapes config for encoding(s) {unknown} of {which}; available: {', '.join(known)}")
+        raise WinposError(f"no shapes config for encoding(s) {unknown} of {which}; available: {', '.join(known)}")
     if iters < 1:
-        raise ValueError(f"iters={iters}: time at least one iteration")
+        raise WinposError(f"iters={iters}: time at least one iteration")
     cuda = torch.device(device).type == "cuda"
     batches: dict = {}
     setups = {}

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from detectron2.modeling import Backbone
 
 from winpos.backbones import create
+from winpos.errors import WinposError
 
 __all__ = ["HieraDetBackbone", "ViTDetBackbone", "build_net", "pad_to_multiple"]
 
@@ -31,11 +32,11 @@ def build_net(net, recipe: str, overrides: dict, kind: str) -> nn.Module:
     """Return ``net`` itself (an ``nn.Module``) or build the preset it names with ``recipe`` and ``overrides``."""
     if isinstance(net, nn.Module):
         if overrides:
-            raise ValueError(f"{kind} got a built `net` and also constructor overrides {sorted(overrides)}; pass "
+            raise WinposError(f"{kind} got a built `net` and also constructor overrides {sorted(overrides)}; pass "
                              "the overrides to the model you build, or pass the preset name as `net` instead")
         return net
     if not isinstance(net, str):
-        raise ValueError(f"{kind}.net must be a preset name (see winpos.backbones.list_presets()) or an nn.Module, "
+        raise WinposError(f"{kind}.net must be a preset name (see winpos.backbones.list_presets()) or an nn.Module, "
                          f"got {type(net).__name__}")
     return create(net, recipe, **overrides)
 
@@ -60,10 +61,10 @@ class _WinposBackbone(Backbone):
     def _setup_padding(self, size_divisibility, square_pad, min_divisor):
         size_divisibility = min_divisor if size_divisibility is None else int(size_divisibility)
         if size_divisibility <= 0 or size_divisibility % min_divisor:
-            raise ValueError(f"size_divisibility={size_divisibility} must be a positive multiple of {min_divisor} "
+            raise WinposError(f"size_divisibility={size_divisibility} must be a positive multiple of {min_divisor} "
                              "(the coarsest output stride), or None to use that stride")
         if square_pad and square_pad % size_divisibility:
-            raise ValueError(f"square_pad={square_pad} is not a multiple of size_divisibility={size_divisibility}; "
+            raise WinposError(f"square_pad={square_pad} is not a multiple of size_divisibility={size_divisibility}; "
                              f"use {math.ceil(square_pad / size_divisibility) * size_divisibility}")
         self._size_divisibility, self._square_pad = size_divisibility, int(square_pad)
 
@@ -99,11 +100,11 @@ class HieraDetBackbone(_WinposBackbone):
         self.net = build_net(net, recipe, overrides, "HieraDetBackbone")
         channels, strides = list(self.net.channels), list(self.net.strides)
         if len(channels) != 4 or len(strides) != 4:
-            raise ValueError(f"HieraDetBackbone needs a net with 4 stages, got channels={channels}, strides={strides}")
+            raise WinposError(f"HieraDetBackbone needs a net with 4 stages, got channels={channels}, strides={strides}")
         out_features = list(out_features)
         bad = [f for f in out_features if f not in HIERA_FEATURES]
         if bad or not out_features:
-            raise ValueError(f"out_features {out_features} must be a non-empty subset of {list(HIERA_FEATURES)}")
+            raise WinposError(f"out_features {out_features} must be a non-empty subset of {list(HIERA_FEATURES)}")
         self._out_features = [f for f in HIERA_FEATURES if f in out_features]  # keep stride order
         self._stage_of = {f: HIERA_FEATURES.index(f) for f in self._out_features}
         self._out_feature_channels = {f: channels[i] for f, i in self._stage_of.items()}

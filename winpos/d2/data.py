@@ -27,6 +27,8 @@ from detectron2.data import DatasetCatalog, DatasetFromList, DatasetMapper, get_
 from detectron2.data import transforms as T
 from detectron2.utils import comm
 
+from winpos.errors import WinposError
+
 __all__ = ["register_coco", "register_shapes", "register_shapes_one_class", "ensure_registered", "get_dataset_dicts",
            "build_lsj_mapper",
            "build_test_mapper", "StreamDataset", "IterationBatchSampler", "build_resumable_train_loader"]
@@ -54,7 +56,7 @@ def register_coco(name: str, json_file, image_root, on_error: str = "skip", meta
     from winpos.data.coco import cleaned_json_file, validate_coco_json
 
     if not isinstance(name, str) or not name:
-        raise ValueError(f"dataset name must be a non-empty string, got {name!r}")
+        raise WinposError(f"dataset name must be a non-empty string, got {name!r}")
     report = validate_coco_json(json_file, image_root, on_error=on_error, check_images=check_images)
     cleaned = cleaned_json_file(report, name, json_file, cache_dir)
     if name in DatasetCatalog.list():
@@ -111,7 +113,7 @@ def ensure_registered(names, shapes: dict | None = None) -> list[str]:
     """
     names = [names] if isinstance(names, str) else list(names)
     if not names:
-        raise ValueError("no dataset names given; set dataloader.train.dataset.names (e.g. 'shapes_train')")
+        raise WinposError("no dataset names given; set dataloader.train.dataset.names (e.g. 'shapes_train')")
     registered = set(DatasetCatalog.list())
     if any(n in SHAPES_NAMES and n not in registered for n in names):
         register_shapes(**dict(shapes or {}))
@@ -121,8 +123,6 @@ def ensure_registered(names, shapes: dict | None = None) -> list[str]:
         registered = set(DatasetCatalog.list())
     missing = [n for n in names if n not in registered]
     if missing:
-        from winpos.errors import WinposError
-
         raise WinposError(
             f"dataset(s) {missing} are not registered; register them before training with "
             "winpos.d2.data.register_coco(name, json_file, image_root) (or tools/train_net.py --dataset "
@@ -156,7 +156,7 @@ def build_lsj_mapper(is_train: bool = True, image_size: int = 1024, min_scale: f
     if not is_train:
         return build_test_mapper(image_size, image_format)
     if not 0 < min_scale <= max_scale:
-        raise ValueError(f"LSJ scales must satisfy 0 < min_scale <= max_scale, got {min_scale}, {max_scale}")
+        raise WinposError(f"LSJ scales must satisfy 0 < min_scale <= max_scale, got {min_scale}, {max_scale}")
     augs = [T.RandomFlip(horizontal=True),
             T.ResizeScale(min_scale=min_scale, max_scale=max_scale, target_height=image_size,
                           target_width=image_size),
@@ -193,7 +193,7 @@ class StreamDataset(torchdata.Dataset):
 
     def __init__(self, dataset, mapper, seed: int = 0, shuffle: bool = True):
         if len(dataset) == 0:
-            raise ValueError("the training dataset is empty; check dataloader.train.dataset.names and that its "
+            raise WinposError("the training dataset is empty; check dataloader.train.dataset.names and that its "
                              "json lists images with annotations (filter_empty drops images without any)")
         self._data = dataset if isinstance(dataset, torchdata.Dataset) else DatasetFromList(dataset, copy=False)
         self._mapper, self._seed, self._shuffle = mapper, int(seed), shuffle
@@ -219,7 +219,7 @@ class StreamDataset(torchdata.Dataset):
                 out = self._mapper(self._data[(first + attempt) % n])
             if out is not None:
                 return out
-        raise ValueError("the mapper rejected every image of the dataset (returned None); check its transforms")
+        raise WinposError("the mapper rejected every image of the dataset (returned None); check its transforms")
 
 
 class IterationBatchSampler(torchdata.Sampler):
@@ -231,10 +231,10 @@ class IterationBatchSampler(torchdata.Sampler):
         world_size = comm.get_world_size() if world_size is None else world_size
         rank = comm.get_rank() if rank is None else rank
         if total_batch_size <= 0 or total_batch_size % world_size:
-            raise ValueError(f"total_batch_size={total_batch_size} must be a positive multiple of the number of "
+            raise WinposError(f"total_batch_size={total_batch_size} must be a positive multiple of the number of "
                              f"processes ({world_size}); set dataloader.train.total_batch_size accordingly")
         if start_iter < 0:
-            raise ValueError(f"start_iter={start_iter} must be >= 0")
+            raise WinposError(f"start_iter={start_iter} must be >= 0")
         self.total, self.start_iter, self.rank = total_batch_size, start_iter, rank
         self.batch = total_batch_size // world_size
 

@@ -25,6 +25,7 @@ import torch.nn as nn
 
 from winpos.backbones import HieraDet, ViTDet
 from winpos.backbones.common import POSITION_KEYS, is_position_param
+from winpos.errors import WinposError
 
 __all__ = ["POSITION_KEYS", "find_winpos_nets", "layer_ids", "get_optimizer_params", "is_position_param"]
 
@@ -50,12 +51,12 @@ def layer_ids(model: nn.Module, position_layer: str = "block", position_keys=POS
     holds backbones of different depths (one decay schedule cannot serve both).
     """
     if position_layer not in ("block", "zero"):
-        raise ValueError(f"position_layer={position_layer!r}; choose 'block' (relpos/RoPE decay with their block, "
+        raise WinposError(f"position_layer={position_layer!r}; choose 'block' (relpos/RoPE decay with their block, "
                          "as detectron2) or 'zero' (every position parameter at layer 0)")
     nets = find_winpos_nets(model)
     depths = {int(n.num_layers) for n in nets.values()}
     if len(depths) > 1:
-        raise ValueError(f"the model holds winpos backbones of different depths {sorted(depths)}; layer-wise lr "
+        raise WinposError(f"the model holds winpos backbones of different depths {sorted(depths)}; layer-wise lr "
                          "decay needs one depth: use lr_decay_rate=1.0 or build the optimizer groups yourself")
     num_layers = depths.pop() if depths else 0
     ids = {}
@@ -99,9 +100,9 @@ def get_optimizer_params(model: nn.Module, base_lr: float | None = None, weight_
         (layer id, weight decay, override) combination. ``lr``/``weight_decay`` keys are present only when known.
     """
     if lr_decay_rate != 1.0 and base_lr is None:
-        raise ValueError("lr_decay_rate needs base_lr (set params.base_lr='${..lr}' in the optimizer config)")
+        raise WinposError("lr_decay_rate needs base_lr (set params.base_lr='${..lr}' in the optimizer config)")
     if not 0.0 < lr_decay_rate <= 1.0:
-        raise ValueError(f"lr_decay_rate={lr_decay_rate} must be in (0, 1]")
+        raise WinposError(f"lr_decay_rate={lr_decay_rate} must be in (0, 1]")
     overrides = dict(overrides or {})
     ids = layer_ids(model, position_layer, position_keys)
     norm_params = {id(p) for m in model.modules() if _is_norm(m) for p in m.parameters(recurse=False)}

@@ -17,6 +17,7 @@ from detectron2.modeling import BACKBONE_REGISTRY, FPN, SimpleFeaturePyramid
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
 from winpos.d2.backbone import HieraDetBackbone, ViTDetBackbone
+from winpos.errors import WinposError
 
 __all__ = ["add_winpos_config", "build_hieradet_fpn_backbone", "build_vitdet_sfp_backbone"]
 
@@ -39,7 +40,7 @@ def _to_dict(node):
 
 def _check_rgb(input_shape, name):
     if input_shape.channels != 3:
-        raise ValueError(f"{name} expects 3 input channels (len(MODEL.PIXEL_MEAN)), got {input_shape.channels}")
+        raise WinposError(f"{name} expects 3 input channels (len(MODEL.PIXEL_MEAN)), got {input_shape.channels}")
 
 
 @BACKBONE_REGISTRY.register()

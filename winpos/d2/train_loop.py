@@ -11,6 +11,7 @@ import time
 
 import torch
 from detectron2.engine import SimpleTrainer
+from winpos.errors import WinposError
 
 __all__ = ["WinposTrainer", "PRECISIONS"]
 
@@ -35,7 +36,7 @@ class WinposTrainer(SimpleTrainer):
         super().__init__(model, data_loader, optimizer, gather_metric_period, zero_grad_before_forward,
                          async_write_metrics)
         if precision not in PRECISIONS:
-            raise ValueError(f"train.amp.precision={precision!r}; choose 'bf16' (no grad scaling) or 'fp16'")
+            raise WinposError(f"train.amp.precision={precision!r}; choose 'bf16' (no grad scaling) or 'fp16'")
         self.amp, self.dtype = bool(amp), PRECISIONS[precision]
         self.device_type = next(model.parameters()).device.type
         self.clip_grad = clip_grad if clip_grad and clip_grad > 0 else None

@@ -19,6 +19,7 @@ from pathlib import Path
 from PIL import Image
 
 from .shapes import cache_root
+from winpos.errors import WinposError
 
 logger = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def validate_coco_json(json_path, image_root, on_error: str = "raise", check_ima
     ``images``/``annotations``/``categories`` lists, always raises.
     """
     if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error={on_error!r}; choose 'raise' (stop on bad annotations) or 'skip' (drop them)")
+        raise WinposError(f"on_error={on_error!r}; choose 'raise' (stop on bad annotations) or 'skip' (drop them)")
     json_path, image_root = Path(json_path), Path(image_root)
     if not json_path.is_file():
         raise DatasetFileNotFoundError(
@@ -143,17 +144,17 @@ def validate_coco_json(json_path, image_root, on_error: str = "raise", check_ima
     try:
         data = json.loads(json_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{json_path} is not valid json ({e}); re-export or re-download it") from e
+        raise WinposError(f"{json_path} is not valid json ({e}); re-export or re-download it") from e
     missing = [k for k in ("images", "annotations", "categories") if not isinstance(
         data.get(k) if isinstance(data, dict) else None, list)]
     if missing:
-        raise ValueError(f"{json_path} has no {missing} list(s); a COCO instances file needs 'images', "
+        raise WinposError(f"{json_path} has no {missing} list(s); a COCO instances file needs 'images', "
                          "'annotations' and 'categories'")
     cats = data["categories"]
     cat_ids = [c.get("id") if isinstance(c, dict) else None for c in cats]
     if not cats or not all(isinstance(i, int) and isinstance(c.get("name"), str) for i, c in zip(cat_ids, cats)) \
             or len(set(cat_ids)) != len(cat_ids):
-        raise ValueError(f"{json_path}: 'categories' must be a non-empty list of {{'id': int, 'name': str}} with "
+        raise WinposError(f"{json_path}: 'categories' must be a non-empty list of {{'id': int, 'name': str}} with "
                          f"unique ids, got ids {cat_ids[:10]}")
 
     skipped, examples = Counter(), []
@@ -215,7 +216,7 @@ def validate_coco_json(json_path, image_root, on_error: str = "raise", check_ima
 
     report = ValidationReport(json_path, image_root, data, skipped, examples)
     if skipped and on_error == "raise":
-        raise ValueError(report.summary() + ". Fix these entries, or pass on_error='skip' to drop them.")
+        raise WinposError(report.summary() + ". Fix these entries, or pass on_error='skip' to drop them.")
     if skipped:
         logger.warning("skipped bad entries: %s", report.summary())
         report.dataset = {**data, "images": list(images.values()), "annotations": annotations}

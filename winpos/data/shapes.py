@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 from pycocotools import mask as mask_utils
+from winpos.errors import WinposError
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star")
 TEXTURES: tuple[str, ...] = ("solid", "gradient", "stripes")
@@ -51,9 +52,9 @@ class Shape:
 def shape_polygon(shape: Shape) -> np.ndarray:
     """Vertices ``(N, 2)`` as (x, y) px, rounded to 0.01 px so the JSON holds exactly the rasterized polygon."""
     if shape.kind not in SHAPE_CLASSES:
-        raise ValueError(f"unknown shape kind {shape.kind!r}; choose one of {SHAPE_CLASSES}")
+        raise WinposError(f"unknown shape kind {shape.kind!r}; choose one of {SHAPE_CLASSES}")
     if not shape.size > 0:
-        raise ValueError(f"shape size must be positive, got {shape.size}")
+        raise WinposError(f"shape size must be positive, got {shape.size}")
     s = shape.size
     if shape.kind == "circle":
         r = s / math.sqrt(math.pi)
@@ -146,7 +147,7 @@ def _paint(canvas: np.ndarray, mask: np.ndarray, color, texture: str, rng: np.ra
     ys, xs = np.nonzero(mask)
     c = np.asarray(color, np.float64)
     if texture not in TEXTURES:
-        raise ValueError(f"unknown texture {texture!r}; choose one of {TEXTURES}")
+        raise WinposError(f"unknown texture {texture!r}; choose one of {TEXTURES}")
     angle = rng.uniform(0, 2 * math.pi)
     proj = xs * math.cos(angle) + ys * math.sin(angle)
     if texture == "gradient":
@@ -277,7 +278,7 @@ def _random_scene(rng: np.random.Generator, h: int, w: int, n_objects: int,
 def _as_hw(image_size) -> tuple[int, int]:
     hw = (image_size, image_size) if isinstance(image_size, int) else tuple(int(v) for v in image_size)
     if len(hw) != 2 or min(hw) < 32:
-        raise ValueError(f"image_size={image_size!r} must be an int or (height, width) pair, each >= 32 px; "
+        raise WinposError(f"image_size={image_size!r} must be an int or (height, width) pair, each >= 32 px; "
                          "smaller images cannot hold the smallest shapes")
     return hw
 
@@ -294,14 +295,14 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
     """
     h, w = _as_hw(image_size)
     if not split or any(c in split for c in "/\\") or split.startswith("."):
-        raise ValueError(f"split={split!r} must be a plain folder name such as 'train' or 'val'")
+        raise WinposError(f"split={split!r} must be a plain folder name such as 'train' or 'val'")
     if num_images < 1:
-        raise ValueError(f"num_images={num_images} must be >= 1")
+        raise WinposError(f"num_images={num_images} must be >= 1")
     if object_side is not None and not (isinstance(object_side, int) and object_side >= 32):
-        raise ValueError(f"object_side={object_side!r} must be an int >= 32 px (the short side object sizes are "
+        raise WinposError(f"object_side={object_side!r} must be an int >= 32 px (the short side object sizes are "
                          "drawn for), or None for the image's own")
     if not 0 <= min_objects <= max_objects or max_objects < 1:
-        raise ValueError(f"need 0 <= min_objects <= max_objects and max_objects >= 1, got {min_objects}, {max_objects}")
+        raise WinposError(f"need 0 <= min_objects <= max_objects and max_objects >= 1, got {min_objects}, {max_objects}")
     root = Path(root)
     (root / split).mkdir(parents=True, exist_ok=True)
     (root / "annotations").mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import torch
 from winpos.checkpoints.formats import FORMATS, Format, detect, parse_format
 from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
 from winpos.diagnostics.metrics import abswin_embed, abswin_parts_from_grid
-from winpos.errors import as_hw
+from winpos.errors import WinposError, as_hw
 
 __all__ = ["EmbeddingInfo", "FORMATS", "effective_embeddings"]
 
@@ -125,7 +125,7 @@ def _build(pos, kernel: int | None, prefix: str, fmt: Format, window: int | None
     else:
         px = (grid.shape[1] * stride, grid.shape[2] * stride)
         if resolution is not None and as_hw(resolution, "resolution") != px:
-            raise ValueError(
+            raise WinposError(
                 f"'{name}' is stored at a fixed {grid.shape[1]}x{grid.shape[2]} grid ({px[0]}x{px[1]} px), so "
                 f"resolution={resolution} cannot rebuild it; leave resolution=None and pass the size to "
                 "analyze(target_sizes=...) to see it interpolated"
@@ -162,7 +162,7 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
     """
     fmt = parse_format(format)
     if fmt == Format.LOOKHERE:
-        raise ValueError("a LookHere checkpoint has no absolute position embedding (LookHere biases attention "
+        raise WinposError("a LookHere checkpoint has no absolute position embedding (LookHere biases attention "
                          "instead); there is nothing to plot")
     source = "<object>"
     if isinstance(obj_or_path, (str, os.PathLike)):
@@ -175,13 +175,13 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
         try:
             fmt = detect(obj)
         except ValueError as e:
-            raise ValueError(f"no absolute position embedding found in checkpoint '{source}': {e}") from None
+            raise WinposError(f"no absolute position embedding found in checkpoint '{source}': {e}") from None
     try:
         pos, kernel, prefix = _adapted_position(sd, fmt)
     except ValueError as e:  # the forced format's adapter found the keys in another form
         if format == "auto":
             raise
-        raise ValueError(f"no absolute position embedding of format '{fmt}' found in checkpoint '{source}': "
+        raise WinposError(f"no absolute position embedding of format '{fmt}' found in checkpoint '{source}': "
                          f"{e}") from None
     infos = []
     if pos is not None:
@@ -193,7 +193,7 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
         sample = pos or list(sd)[:15]
         what = "position-like keys" if pos else "keys"
         fams = "" if format == "auto" else f" of format '{fmt}'"
-        raise ValueError(
+        raise WinposError(
             f"no absolute position embedding{fams} found in checkpoint '{source}' ({len(sd)} tensors; {what}: "
             f"{sample}); it may use only relative/rotary positions, or be a format winpos does not know: pass "
             f"format= one of {', '.join(FORMATS)} or extract the (C, H, W) grid yourself"

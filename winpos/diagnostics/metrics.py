@@ -23,7 +23,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 import torch
 
-from winpos.errors import as_hw
+from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import abs_to_abswin, abswin_embedding
 from winpos.posemb.interp import resize_grid
 
@@ -40,13 +40,13 @@ def as_grid(E, name: str = "embedding") -> np.ndarray:
     if isinstance(E, torch.Tensor):
         E = E.detach().to("cpu", torch.float64).numpy()
     if not isinstance(E, np.ndarray):
-        raise ValueError(f"{name} must be a (C, H, W) tensor or array, got {type(E).__name__}")
+        raise WinposError(f"{name} must be a (C, H, W) tensor or array, got {type(E).__name__}")
     if E.ndim != 3:
-        raise ValueError(f"{name} must have shape (C, H, W), got {tuple(E.shape)}; for a (1, C, H, W) map pass "
+        raise WinposError(f"{name} must have shape (C, H, W), got {tuple(E.shape)}; for a (1, C, H, W) map pass "
                          "E[0], for a flat (1, N, C) one reshape it to a grid first (see winpos.diagnostics.extract)")
     E = E.astype(np.float64, copy=False)
     if not np.isfinite(E).all():
-        raise ValueError(f"{name} has {int((~np.isfinite(E)).sum())} non-finite values (NaN/inf); the checkpoint is "
+        raise WinposError(f"{name} has {int((~np.isfinite(E)).sum())} non-finite values (NaN/inf); the checkpoint is "
                          "corrupt or training diverged: reload the weights")
     return E
 
@@ -61,7 +61,7 @@ def _tiles(E: np.ndarray, w) -> np.ndarray:
     C, H, W = E.shape
     nh, nw = H // wh, W // ww
     if nh * nw < 2:
-        raise ValueError(
+        raise WinposError(
             f"only {nh * nw} full {wh}x{ww} window(s) fit in the {H}x{W} token grid, and window similarity needs "
             f"at least 2 to compare; resize the embedding to a larger grid (e.g. naive_resize or a larger target "
             f"image) or choose a window of at most {max(H, W) // 2} tokens"
@@ -201,7 +201,7 @@ def period_scan(E, periods: Sequence[int] | None = None, centred: bool = False, 
         periods = range(2, min(H, W) // 2 + 1)
     periods = np.asarray(list(periods), dtype=int)
     if periods.size == 0:
-        raise ValueError(f"a {H}x{W} grid is too small for a period scan (needs at least 4x4 tokens); resize it first")
+        raise WinposError(f"a {H}x{W} grid is too small for a period scan (needs at least 4x4 tokens); resize it first")
     ws = np.array([_ws(E, int(p), centred) for p in periods])
     return PeriodScan(periods, ws, scan_peak(periods, ws, tol))
 
@@ -229,7 +229,7 @@ def abswin_embed(global_E, window_E, hw, antialias: bool = False) -> torch.Tenso
     g = torch.as_tensor(global_E)[None].float()
     win = torch.as_tensor(window_E)[None].float()
     if g.shape[1] != win.shape[1]:
-        raise ValueError(f"global ({g.shape[1]} channels) and window ({win.shape[1]} channels) embeddings differ in "
+        raise WinposError(f"global ({g.shape[1]} channels) and window ({win.shape[1]} channels) embeddings differ in "
                          "width; they must come from the same model")
     return abswin_embedding(g, win, as_hw(hw, "target grid"), antialias=antialias)[0]
 

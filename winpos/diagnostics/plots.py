@@ -22,6 +22,7 @@ from winpos.diagnostics.extract import EmbeddingInfo
 from winpos.outputs import atomic_write
 from winpos.diagnostics.metrics import (SCAN_MAX_SIDE, PeriodScan, naive_resize, offset_similarity_map, period_scan,
                                         scan_peak, window_similarity, window_similarity_matrix, window_tiles)
+from winpos.errors import WinposError
 
 __all__ = ["plot_embedding_grids", "plot_period_scan", "plot_window_similarity", "plot_all", "states_at"]
 
@@ -39,7 +40,7 @@ def _save(fig: Figure, path: Path, pdf: bool) -> list[Path]:
             atomic_write(path.with_suffix(".pdf"), lambda f: fig.savefig(f, format="pdf"))
             out.append(path.with_suffix(".pdf"))
     except OSError as e:
-        raise ValueError(f"cannot write figure '{path}' ({e.strerror or e}); choose an output folder you can "
+        raise WinposError(f"cannot write figure '{path}' ({e.strerror or e}); choose an output folder you can "
                          "write to") from e
     return out
 

@@ -165,7 +165,7 @@ def run_posemb_viz(paths: Sequence[str | os.PathLike], out_dir, sizes: Sequence,
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not paths:
-        raise ValueError("no checkpoint paths given; pass one or more .pth/.pt/.pkl/.safetensors files")
+        raise WinposError("no checkpoint paths given; pass one or more .pth/.pt/.pkl/.safetensors files")
     out = _out_dir(out_dir)
     sizes = list(sizes or [])
     report: dict[str, Any] = {"out_dir": str(out), "checkpoints": []}

@@ -19,7 +19,7 @@ def resize_grid(grid: torch.Tensor, hw, antialias: bool = False) -> torch.Tensor
     """Bicubically resample an NCHW grid ``(N, C, h, w) -> (N, C, H, W)`` in fp32; identity when sizes match."""
     H, W = as_hw(hw, "target grid")
     if grid.dim() != 4:
-        raise ValueError(f"expected an NCHW grid of 4 dims, got shape {tuple(grid.shape)}")
+        raise WinposError(f"expected an NCHW grid of 4 dims, got shape {tuple(grid.shape)}")
     if tuple(grid.shape[-2:]) == (H, W):
         return grid
     out = F.interpolate(grid.to(torch.promote_types(grid.dtype, torch.float32)), size=(H, W), mode="bicubic", align_corners=False, antialias=antialias)
@@ -29,7 +29,7 @@ def resize_grid(grid: torch.Tensor, hw, antialias: bool = False) -> torch.Tensor
 def split_cls(pos_embed: torch.Tensor, has_cls: bool) -> tuple[torch.Tensor | None, torch.Tensor]:
     """Split a flat ``(1, [1+]N, C)`` embedding into its cls row (or None) and its N patch rows."""
     if pos_embed.dim() != 3:
-        raise ValueError(f"expected a flat (1, N, C) position embedding, got shape {tuple(pos_embed.shape)}")
+        raise WinposError(f"expected a flat (1, N, C) position embedding, got shape {tuple(pos_embed.shape)}")
     if has_cls:
         return pos_embed[:, :1], pos_embed[:, 1:]
     return None, pos_embed
@@ -41,14 +41,14 @@ def flat_to_grid(tokens: torch.Tensor, src_hw=None) -> torch.Tensor:
     if src_hw is None:
         side = math.isqrt(n)
         if side * side != n:
-            raise ValueError(
+            raise WinposError(
                 f"a flat embedding of {n} tokens is not a square grid; pass src_hw=(h, w) (did you forget "
                 "has_cls=True for a checkpoint with a cls token?)"
             )
         src_hw = (side, side)
     h, w = as_hw(src_hw, "src_hw")
     if h * w != n:
-        raise ValueError(f"src_hw={src_hw} holds {h * w} tokens but the embedding has {n}")
+        raise WinposError(f"src_hw={src_hw} holds {h * w} tokens but the embedding has {n}")
     return tokens.transpose(1, 2).reshape(tokens.shape[0], -1, h, w)
 
 
@@ -95,7 +95,7 @@ def interpolate_abs(
     elif pos_embed.dim() == 4:
         grid = pos_embed.permute(0, 3, 1, 2) if layout == "nhwc" else pos_embed
     else:
-        raise ValueError(f"position embedding must have 3 or 4 dims, got shape {tuple(pos_embed.shape)}")
+        raise WinposError(f"position embedding must have 3 or 4 dims, got shape {tuple(pos_embed.shape)}")
     return resize_grid(grid, hw, antialias=antialias).permute(0, 2, 3, 1)
 
 

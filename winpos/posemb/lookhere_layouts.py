@@ -50,6 +50,7 @@ from itertools import groupby
 
 import torch
 from torch import Tensor
+from winpos.errors import WinposError
 
 VARIANTS = ("180", "90", "45")
 LAYOUTS = ("official", "spread")
@@ -90,7 +91,7 @@ _SPREAD_ORDER = {
 
 def _check_variant(variant) -> None:
     if variant not in VARIANTS:
-        raise ValueError(
+        raise WinposError(
             f"variant={variant!r} is not a LookHere variant; choose one of {VARIANTS} "
             "(the field-of-view angle of the directed heads, in degrees, as a string)"
         )
@@ -98,16 +99,16 @@ def _check_variant(variant) -> None:
 
 def _check_num_heads(num_heads) -> None:
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"num_heads={num_heads!r} must be an integer >= 1")
+        raise WinposError(f"num_heads={num_heads!r} must be an integer >= 1")
 
 
 def _check_slope(name: str, value) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"{name}={value!r} must be a finite number >= 0") from None
+        raise WinposError(f"{name}={value!r} must be a finite number >= 0") from None
     if not 0.0 <= value < math.inf:
-        raise ValueError(f"{name}={value!r} must be a finite number >= 0 (the authors use global_slope=2.0, "
+        raise WinposError(f"{name}={value!r} must be a finite number >= 0 (the authors use global_slope=2.0, "
                          "layer_slopes=(1.5, 0.5))")
     return value
 
@@ -122,14 +123,14 @@ def official_global_slope(global_slope=None, slope_units=None, official_keys: bo
         official_keys: the number came with the authors' other config keys, which settles its units.
     """
     if slope_units is not None and slope_units not in SLOPE_UNITS:
-        raise ValueError(f"slope_units={slope_units!r} is not a unit of LookHere slopes; choose one of {SLOPE_UNITS}")
+        raise WinposError(f"slope_units={slope_units!r} is not a unit of LookHere slopes; choose one of {SLOPE_UNITS}")
     if global_slope is None:
         return DEFAULT_GLOBAL_SLOPE
     value = _check_slope("global_slope", global_slope)
     if slope_units == "paper":
         return 2.0 * value
     if slope_units is None and not official_keys:
-        raise ValueError(
+        raise WinposError(
             f"global_slope={global_slope!r} has no units: winpos used to read it in paper units, half the authors' "
             f"code (whose 2.0 was winpos's 1.0); pass slope_units='official' to mean the code's number or "
             f"slope_units='paper' to convert a value written for the former winpos"
@@ -145,7 +146,7 @@ def _check_layer_slopes(layer_slopes) -> tuple[float, float]:
     try:
         first, last = layer_slopes
     except (TypeError, ValueError):
-        raise ValueError(f"layer_slopes={layer_slopes!r} must be two numbers (first layer, last layer), "
+        raise WinposError(f"layer_slopes={layer_slopes!r} must be two numbers (first layer, last layer), "
                          "e.g. the authors' (1.5, 0.5)") from None
     return _check_slope("layer_slopes[0]", first), _check_slope("layer_slopes[1]", last)
 
@@ -156,10 +157,10 @@ def _layer_shorthand(head_directions, layer_index: int, num_layers: int):
     if head_directions is None or isinstance(head_directions, str):
         return head_directions
     if not isinstance(head_directions, (list, tuple)) or not all(isinstance(s, str) for s in head_directions):
-        raise ValueError(f"head_directions={head_directions!r} must be a shorthand string such as "
+        raise WinposError(f"head_directions={head_directions!r} must be a shorthand string such as "
                          "'corners-triangles-none' or a list of them, one per layer")
     if len(head_directions) != num_layers:
-        raise ValueError(f"head_directions lists {len(head_directions)} shorthands but the model has {num_layers} "
+        raise WinposError(f"head_directions lists {len(head_directions)} shorthands but the model has {num_layers} "
                          "layers; give one per layer or a single string for all")
     return head_directions[layer_index]
 
@@ -169,7 +170,7 @@ def _official_layout(shorthand: str, num_heads: int):
     parts = shorthand.split("-")
     unknown = [p for p in parts if p not in SHORTHANDS]
     if unknown:
-        raise ValueError(f"head_directions={shorthand!r} has the part {unknown[0]!r}, which winpos does not "
+        raise WinposError(f"head_directions={shorthand!r} has the part {unknown[0]!r}, which winpos does not "
                          f"implement; use parts from {', '.join(SHORTHANDS)} joined by '-'")
     if num_heads == 6 and len(parts) >= 2:
         fill = [(parts[0], 4), (parts[1], 2)]
@@ -178,7 +179,7 @@ def _official_layout(shorthand: str, num_heads: int):
     elif (len(parts), num_heads) in _OFFICIAL_FILL:
         fill = list(zip(parts, _OFFICIAL_FILL[(len(parts), num_heads)]))
     else:
-        raise ValueError(
+        raise WinposError(
             f"head_directions={shorthand!r} has no layout for {num_heads} heads in the authors' code (it fills 6, "
             f"12 or 16 heads, or a multiple of 4 with one part); give a shorthand for {num_heads} heads or use "
             "layout='spread'"
@@ -196,7 +197,7 @@ def _official_layout(shorthand: str, num_heads: int):
             slopes += [0.5 ** (j // 4 + 1) for j in range(n)]
         else:
             hint = f"'{parts[0]}-none'" if num_heads == 6 else "groups of 4 heads"
-            raise ValueError(
+            raise WinposError(
                 f"head_directions={shorthand!r} makes a group of {n} {part!r} heads, which the authors' code cannot "
                 f"give slopes to (directed groups take multiples of 4 heads, undirected ones 2 or multiples of 4); "
                 f"use {hint}"
@@ -224,18 +225,18 @@ def resolve_head_directions(num_heads: int, variant=None, head_directions=None, 
     """
     _check_num_heads(num_heads)
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r} is not a LookHere head layout; choose one of {LAYOUTS}")
+        raise WinposError(f"layout={layout!r} is not a LookHere head layout; choose one of {LAYOUTS}")
     if variant is not None:
         _check_variant(variant)
     if head_directions is not None:
         if not isinstance(head_directions, str):
-            raise ValueError(f"head_directions={head_directions!r} must be a shorthand string such as "
+            raise WinposError(f"head_directions={head_directions!r} must be a shorthand string such as "
                              "'corners-triangles-none'")
         if layout != "official":
-            raise ValueError(f"head_directions={head_directions!r} is the authors' layout but layout={layout!r}; "
+            raise WinposError(f"head_directions={head_directions!r} is the authors' layout but layout={layout!r}; "
                              "drop one of them")
         if variant is not None and head_directions != _variant_shorthand(num_heads, variant):
-            raise ValueError(f"variant={variant!r} means head_directions="
+            raise WinposError(f"variant={variant!r} means head_directions="
                              f"{_variant_shorthand(num_heads, variant)!r} for {num_heads} heads, not "
                              f"{head_directions!r}; pass only one of them")
         return head_directions
@@ -285,9 +286,9 @@ def head_fields_of_view(num_heads: int, variant=None, head_directions=None, layo
 
 def _check_layer(layer_index, num_layers) -> None:
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-        raise ValueError(f"num_layers={num_layers!r} must be an integer >= 1")
+        raise WinposError(f"num_layers={num_layers!r} must be an integer >= 1")
     if isinstance(layer_index, bool) or not isinstance(layer_index, int) or not 0 <= layer_index < num_layers:
-        raise ValueError(
+        raise WinposError(
             f"layer_index={layer_index!r} is out of range for num_layers={num_layers}; "
             f"use a 0-based index in [0, {num_layers - 1}]"
         )

@@ -11,13 +11,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from winpos.errors import as_hw
+from winpos.errors import WinposError, as_hw
 
 
 def resample_rel_table(table: torch.Tensor, length: int) -> torch.Tensor:
     """Linearly resample a ``(L, C)`` table to ``(length, C)`` (``align_corners=False``); identity when L matches."""
     if table.dim() != 2:
-        raise ValueError(f"a relative position table must be (length, head_dim), got shape {tuple(table.shape)}")
+        raise WinposError(f"a relative position table must be (length, head_dim), got shape {tuple(table.shape)}")
     if table.shape[0] == length:
         return table
     out = F.interpolate(table.t()[None].to(torch.promote_types(table.dtype, torch.float32)), size=length, mode="linear")
@@ -51,9 +51,9 @@ def rel_terms(q: torch.Tensor, rel_pos_h, rel_pos_w, q_hw, k_hw) -> tuple[torch.
     """
     (qh, qw), (kh, kw) = as_hw(q_hw, "q_hw"), as_hw(k_hw, "k_hw")
     if q.shape[-2] != qh * qw:
-        raise ValueError(f"q has {q.shape[-2]} tokens but q_hw={q_hw} holds {qh * qw}")
+        raise WinposError(f"q has {q.shape[-2]} tokens but q_hw={q_hw} holds {qh * qw}")
     if rel_pos_h.shape[-1] != q.shape[-1] or rel_pos_w.shape[-1] != q.shape[-1]:
-        raise ValueError(
+        raise WinposError(
             f"relpos tables have head_dim {rel_pos_h.shape[-1]}/{rel_pos_w.shape[-1]} but q has {q.shape[-1]}; "
             "the tables must be (2*window-1, head_dim) for this attention's heads"
         )
