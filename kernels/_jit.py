@@ -16,12 +16,16 @@ import threading
 import torch
 
 _LOCK = threading.Lock()
+_MODE = None  # interpreting(), once known (fixed for the process at the first ``import triton``)
+_LOADED = {}  # source name -> module, after its first load: later calls touch no lock, environment or import
 # Kernel sources in dependency order, and the kernels launched with ``kernel[grid](...)`` (the rest are helpers).
 _SOURCES = ("tl_common", "tl_attention", "tl_rope")
 _ENTRY_POINTS = {"attn_fwd", "attn_bwd_dq", "attn_bwd_dkdv", "rope_grid_kernel"}
 
 
 def triton_available() -> bool:
+    if _MODE is not None:
+        return True
     try:
         import triton  # noqa: F401
     except Exception:
@@ -31,10 +35,13 @@ def triton_available() -> bool:
 
 def interpreting() -> bool:
     """Whether this process runs Triton in interpreter mode (fixed when triton was first imported)."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
+    global _MODE
+    if _MODE is None:
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
 
-    return isinstance(tl.zeros, InterpretedFunction)
+        _MODE = isinstance(tl.zeros, InterpretedFunction)
+    return _MODE
 
 
 def _decorated_mode(module):
@@ -68,6 +75,9 @@ def _inline_helpers(module) -> None:
 
 def load(name: str):
     """Import ``winpos.kernels.<name>`` with its ``@triton.jit`` functions in the process's Triton mode."""
+    module = _LOADED.get(name)
+    if module is not None:
+        return module
     if name not in _SOURCES:
         raise ValueError(f"unknown kernel source {name!r}; expected one of {_SOURCES}")
     mode = interpreting()
@@ -91,6 +101,7 @@ def load(name: str):
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = old
+        _LOADED.update(zip(_SOURCES, modules))
     return modules[_SOURCES.index(name)]
 
 

@@ -10,25 +10,25 @@ Ops (namespace ``winpos``; each has a fake/meta implementation so ``torch.compil
 ``geom`` is :class:`Plan` as a list of ints. ``WindowAttentionFunction`` chains them for autograd; the user
 entry point with validation and position-term preparation is ``winpos.kernels.window_attention``.
 """
-from dataclasses import astuple, dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
+from torch.utils import _python_dispatch
 
 from . import _jit
 
 LOG2E = 1.4426950408889634
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """Geometry and switches of one attention call (all ints, so it travels through custom ops as a list).
 
     Windows: ``n_wh x n_ww`` per image; query window ``qwh x qww``, key window ``kwh x kww`` (global attention:
     one window = the grid); ``pool``: query pooling stride. Padding mask (``pad_mask=1``): queries inside
     ``qvh x qvw`` and keys inside ``kvh x kvw`` (grid tokens) are valid. RoPE: ``rot_dims`` (0 = off), ``half``
     pairing flag. Tiles: ``block_m`` queries x ``block_n`` keys (LookHere tile classes are per these blocks).
+    A named tuple: built and unpacked on every call, it costs a fraction of a dataclass.
     """
 
     n_wh: int
@@ -49,7 +49,7 @@ class Plan:
     block_n: int
 
     def as_list(self) -> list[int]:
-        return [int(x) for x in astuple(self)]
+        return [int(x) for x in self]
 
     @property
     def n_qt(self) -> int:
@@ -82,7 +82,8 @@ def _table_strides(t: Optional[Tensor]) -> tuple[int, int]:
 def check_window_offsets(name: str, t: Tensor, window: tuple) -> None:
     """The kernels address tokens inside a window with int32 offsets from the window's corner (the corner itself
     is int64): refuse tensors whose window spans 2**31 elements or more."""
-    span = (window[0] - 1) * t.stride(1) + (window[1] - 1) * t.stride(2) + t.stride(3) * (t.shape[3] - 1) + t.shape[4]
+    st, sh = t.stride(), t.shape
+    span = (window[0] - 1) * st[1] + (window[1] - 1) * st[2] + st[3] * (sh[3] - 1) + sh[4]
     if span >= 2**31:
         raise ValueError(f"{name} {tuple(t.shape)} with strides {t.stride()} spans {span} elements inside one "
                          f"{window[0]}x{window[1]} window, beyond the kernels' int32 in-window offsets; use "
@@ -96,9 +97,9 @@ def stride_unit(*tensors: Tensor) -> int:
     dim that is a multiple of 8 (Triton's own hint needs strides divisible by 16 elements: 56 or 72 get none)."""
     unit = 16 // tensors[0].element_size()
     for t in tensors:
-        for s in t.stride()[:4]:
-            if s % unit or s >= 2**31:
-                return 1
+        st = t.stride()
+        if st[0] % unit or st[1] % unit or st[2] % unit or st[3] % unit or max(st) >= 2**31:
+            return 1
     return unit
 
 
@@ -164,7 +165,7 @@ def _launch_options(args: dict, backward: bool) -> dict:
 def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
     _jit.check_launchable(q, k, v)
     kern = _jit.load("tl_attention")
-    plan = Plan(*geom)
+    plan = Plan._make(geom)
     B, Hq, Wq, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Wq, heads), dtype=torch.float32, device=q.device)
@@ -179,22 +180,25 @@ def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls,
 def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
     _jit.check_launchable(do, q, k, v)
     kern = _jit.load("tl_attention")
-    plan = Plan(*geom)
+    plan = Plan._make(geom)
     B, Hq, Wq, heads, _ = q.shape
     if do.stride(-1) != 1:
         do = do.contiguous()
+    if out.stride(-1) != 1:
+        out = out.contiguous()
     check_window_offsets("grad_output", do, (plan.qwh, plan.qww))
-    delta = (out.float() * do.float()).sum(-1).contiguous()  # (B, Hq, Wq, heads), lse's layout
+    delta = torch.empty_like(lse)  # rowsum(out * do) in fp32, written by the dQ kernel for the dK/dV kernel
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     drel = torch.empty_like(rel, memory_format=torch.contiguous_format) if rel is not None else q.new_empty(0)
-    unit = stride_unit(q, k, v, do, dq, dk)  # dv has dk's strides
+    unit = stride_unit(q, k, v, out, do, dq, dk)  # dv has dk's strides
     args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
     args.update(DO=do, DELTA=delta, **_grid_strides("sdo", do, unit), scale=float(scale))
     groups = B * plan.n_wh * plan.n_ww
     _jit.launch(
-        kern.attn_bwd_dq, (groups, plan.n_qt, heads), DQ=dq, DREL=drel if rel is not None else lse,
+        kern.attn_bwd_dq, (groups, plan.n_qt, heads), O=out, **_grid_strides("so", out, unit), DQ=dq,
+        DREL=drel if rel is not None else lse,
         **_grid_strides("sdq", dq, unit), REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **args, **_launch_options(args, True))
     _jit.launch(
         kern.attn_bwd_dkdv, (groups, plan.n_kt, heads), DK=dk, DV=dv,
@@ -234,10 +238,18 @@ def _(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
 
 
-def _attention_backward(saved, geom, scale, do, rel_needs_grad):
+def _eager(t: Tensor) -> bool:
+    """Whether a call on ``t`` may launch directly instead of through the custom op: plain tensors, no tracing
+    (torch.compile, make_fx, fake or functional modes need the op and its fake implementation). The op's
+    dispatch costs more host time than the rest of the call."""
+    return (type(t) is Tensor and not torch.compiler.is_compiling()
+            and _python_dispatch._get_current_dispatch_mode() is None)
+
+
+def _attention_backward(saved, geom, scale, do, rel_needs_grad, direct=False):
     q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls = saved
-    dq, dk, dv, drel = torch.ops.winpos.window_attention_bwd(
-        do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
+    bwd = _launch_bwd if direct and _eager(do) else torch.ops.winpos.window_attention_bwd
+    dq, dk, dv, drel = bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
     return dq, dk, dv, (drel if rel is not None and rel_needs_grad else None)
 
 
@@ -268,16 +280,17 @@ class WindowAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls, geom, scale):
-        with torch.no_grad():
-            out, lse = torch.ops.winpos.window_attention_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
-                                                             tile_cls, geom, scale)
+        # (autograd.Function.forward runs without grad.) Eager: a direct launch (see _eager).
+        fwd = _launch_fwd if _eager(q) else torch.ops.winpos.window_attention_fwd
+        out, lse = fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
         ctx.save_for_backward(q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls)
         ctx.geom, ctx.scale = geom, scale
         return out
 
     @staticmethod
     def backward(ctx, do):
-        dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3])
+        dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3],
+                                               direct=True)
         return dq, dk, dv, drel, *([None] * 9)
 
 

@@ -167,8 +167,8 @@ def attn_fwd(
 
 @triton.jit(do_not_specialize=_GEOMETRY)
 def attn_bwd_dq(
-    Q, K, V, LSE, DO, DELTA, DQ, DREL,
-    sq_b, sq_h, sq_w, sq_n, sk_b, sk_h, sk_w, sk_n, sv_b, sv_h, sv_w, sv_n, sl_b, sl_h, sl_w,
+    Q, K, V, O, LSE, DO, DELTA, DQ, DREL,
+    sq_b, sq_h, sq_w, sq_n, sk_b, sk_h, sk_w, sk_n, sv_b, sv_h, sv_w, sv_n, so_b, so_h, so_w, so_n, sl_b, sl_h, sl_w,
     sdo_b, sdo_h, sdo_w, sdo_n, sdq_b, sdq_h, sdq_w, sdq_n,
     COSQ, SINQ, COSK, SINK, cq_n, cq_t, ck_n, ck_t,
     REL, sr_b, sr_h, sr_w, sr_n,
@@ -180,11 +180,13 @@ def attn_bwd_dq(
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
     KV_SAME: tl.constexpr, PRECISION: tl.constexpr, REL_PRECISION: tl.constexpr, SV: tl.constexpr,
 ):
-    """dQ, and the per-query relpos gradients d rel_h, d rel_w reduced over keys right here (no atomics)."""
+    """dQ, and the per-query relpos gradients d rel_h, d rel_w reduced over keys right here (no atomics); also
+    writes ``DELTA = rowsum(O * DO)`` (fp32, LSE's layout) for the dK/dV pass."""
     pid_g = tl.program_id(0)
     sq_b, sq_h, sq_w, sq_n = sq_b * SV, sq_h * SV, sq_w * SV, sq_n * SV
     sk_b, sk_h, sk_w, sk_n = sk_b * SV, sk_h * SV, sk_w * SV, sk_n * SV
     sv_b, sv_h, sv_w, sv_n = sv_b * SV, sv_h * SV, sv_w * SV, sv_n * SV
+    so_b, so_h, so_w, so_n = so_b * SV, so_h * SV, so_w * SV, so_n * SV
     sdo_b, sdo_h, sdo_w, sdo_n = sdo_b * SV, sdo_h * SV, sdo_w * SV, sdo_n * SV
     sdq_b, sdq_h, sdq_w, sdq_n = sdq_b * SV, sdq_h * SV, sdq_w * SV, sdq_n * SV
     qt = tl.program_id(1)
@@ -201,8 +203,15 @@ def attn_bwd_dq(
     do_base = base_offset(b, qy0, qx0, head, sdo_b, sdo_h, sdo_w, sdo_n)
     do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
                  mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
-    lse, delta = _softmax_stats(LSE, DELTA, base_offset(b, qy0, qx0, head, sl_b, sl_h, sl_w, 1), qly, qlx, q_valid,
-                                sl_h, sl_w)
+    # delta = rowsum(o * do) in fp32, computed here for this program's queries (each query row belongs to exactly
+    # one dQ program) and stored for the dK/dV pass, which launches after this one.
+    o = tl.load(O + base_offset(b, qy0, qx0, head, so_b, so_h, so_w, so_n) + token_rows(qly, qlx, so_h, so_w)[:, None]
+                + offs_d[None, :], mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    l_base = base_offset(b, qy0, qx0, head, sl_b, sl_h, sl_w, 1)
+    l_rows = token_rows(qly, qlx, sl_h, sl_w)
+    tl.store(DELTA + l_base + l_rows, delta, mask=q_valid)
+    lse = tl.load(LSE + l_base + l_rows, mask=q_valid, other=float("inf"))
     a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
     k_base = base_offset(b, ky0, kx0, head, sk_b, sk_h, sk_w, sk_n)
     v_base = base_offset(b, ky0, kx0, head, sv_b, sv_h, sv_w, sv_n)

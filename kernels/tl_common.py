@@ -102,12 +102,12 @@ def load_tile(PTR, rows, valid, offs_d, HEAD_DIM: tl.constexpr, COS, SIN, tab_ro
 def unrotate(g, COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.constexpr):
     """Pull an fp32 gradient tile back through the RoPE rotation (rotation by -theta).
 
-    The partner column of a register tile is gathered with a one-hot permutation matrix in an exact fp32 dot,
-    done once per program after its main loop.
+    The partner column of each row of the register tile is a gather along the head dim (exact, no arithmetic;
+    an fp32 dot with a one-hot permutation would cost a BLOCK_D-cubed FMA product per program).
     """
     c, s, partner = rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT, HALF)
-    perm = (offs_d[:, None] == partner[None, :]).to(tl.float32)  # perm[d, e] = 1 iff d is e's partner
-    return g * c + tl.dot(g * s, perm, input_precision="ieee")
+    gs = g * s
+    return g * c + tl.gather(gs, tl.broadcast_to(partner[None, :], gs.shape), axis=1)
 
 
 @triton.jit

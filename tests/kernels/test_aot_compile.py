@@ -38,10 +38,10 @@ KNOWN = {
          "over a compacted list of visited tiles)"),
     ],
     "no_spills": [
-        (r" rope attn_bwd_(dq|dkdv)$", "the RoPE un-rotation is an fp32 FMA dot of a BLOCK_D-square permutation "
-         "after the main loop (1056 FFMA at BLOCK_D 64), on top of 8 warps of live tiles"),
-        (r"Hiera-L s1 w8 D72 rope attn_fwd", "fused RoPE at BLOCK_D 128 (head_dim 72 padded): two rotated tiles and "
-         "their fp32 tables with 4 warps"),
+        (r"Hiera-B\+ s1 w8 D56 rope attn_bwd_(dq|dkdv)$", "fused-RoPE backward: rotated q and k tiles, their fp32 "
+         "cos/sin tiles and the gradient accumulators exceed 255 registers by a few words (24-32 B)"),
+        (r"Hiera-L s1 w8 D72 rope ", "fused RoPE at BLOCK_D 128 (head_dim 72 padded to 128): rotated tiles and fp32 "
+         "tables of twice the width"),
         (r"Hiera-B\+ s4 w7 pad D56 lookhere attn_bwd_dkdv", "LookHere geometry, pad mask and the dK/dV "
          "accumulators at 255 registers"),
     ],
