@@ -159,3 +159,36 @@ def test_without_triton_the_attention_entry_point_falls_back_to_the_reference():
     proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "FALLBACK OK" in proc.stdout, proc.stdout + proc.stderr[-3000:]
+
+
+def test_stride_unit_is_16_bytes_when_every_stride_allows_it():
+    """Strides reach the kernels in 16-byte units (head dims that are multiples of 8 get 16-byte accesses); any
+    stride that is not a multiple falls back to unit 1 for the whole launch."""
+    from winpos.kernels.attention_fwd_bwd import stride_unit
+
+    q, k, v = torch.zeros(1, 8, 8, 3, 2, 56, dtype=torch.float16).unbind(3)  # a qkv view, head_dim 56
+    assert stride_unit(q, k, v) == 8
+    assert stride_unit(torch.zeros(1, 8, 8, 2, 56)) == 4  # fp32: 4 elements
+    assert stride_unit(torch.zeros(1, 8, 8, 2, 60, dtype=torch.float16)) == 1
+    assert stride_unit(q, torch.zeros(1, 8, 8, 2, 60, dtype=torch.float16)[..., :56]) == 1
+
+
+def test_the_launch_path_touches_no_environment_or_module_after_the_first_load(monkeypatch, device):
+    """Once the kernel sources are loaded, a call neither writes os.environ nor re-imports or reloads modules
+    (they used to run on every launch: host time, and not thread-safe next to data-loader threads). The
+    interpreter still sets TRITON_INTERPRET around each launch, so there only the load is checked."""
+    import importlib
+
+    from winpos.kernels import _jit
+
+    first = _jit.load("tl_attention")
+    calls = []
+    monkeypatch.setattr(os, "putenv", lambda *a: calls.append(("putenv", a)))
+    monkeypatch.setattr(os, "unsetenv", lambda *a: calls.append(("unsetenv", a)))
+    monkeypatch.setattr(importlib, "reload", lambda m: calls.append(("reload", m)))
+    monkeypatch.setattr(importlib, "import_module", lambda *a: calls.append(("import", a)))
+    assert _jit.load("tl_attention") is first and _jit.load("tl_rope") is not None
+    if not _jit.interpreting():
+        q, k, v = _qkv(dtype=torch.float16)
+        window_attention(q, k, v, window=4).sum()
+    assert calls == []
