@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from winpos.errors import WinposError
 
+__all__ = ["PAD_MODES", "pad_to_window", "padded_size", "valid_key_mask", "window_partition", "window_unpartition"]
+
 PAD_MODES = ("zeros", "mask")
 
 

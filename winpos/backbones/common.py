@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 from winpos.attention import PositionTerms, attention, resolve_backend
 from winpos.errors import WinposError, check_choice
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
+from winpos.posemb.relpos import rel_pos_parameters
 from winpos.windows import PAD_MODES, window_partition, window_unpartition
 
 __all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS", "Attention",
@@ -81,12 +82,7 @@ class Attention(nn.Module):
         self.rope = self.lookhere = None
         kind = self.position.kind
         if kind == "relpos":
-            eh, ew = (extent, extent) if isinstance(extent, int) else extent
-            self.rel_pos_h = nn.Parameter(torch.zeros(2 * eh - 1, self.head_dim))
-            self.rel_pos_w = nn.Parameter(torch.zeros(2 * ew - 1, self.head_dim))
-            if not self.position.relpos_zero_init:
-                nn.init.trunc_normal_(self.rel_pos_h, std=0.02)
-                nn.init.trunc_normal_(self.rel_pos_w, std=0.02)
+            self.rel_pos_h, self.rel_pos_w = rel_pos_parameters(self.head_dim, extent, self.position.relpos_zero_init)
         elif kind == "rope":
             from winpos.posemb.rope import RoPE
 

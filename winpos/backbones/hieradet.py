@@ -64,14 +64,14 @@ def block_schedule(embed_dim, num_heads, stages, window_spec, global_blocks, dim
         raise WinposError(f"stages={stages!r} must be four positive block counts, e.g. (1, 2, 7, 2) for Hiera-T")
     if len(window_spec) != len(stages):
         raise WinposError(f"window_spec={tuple(window_spec)!r} needs one window per stage ({len(stages)}); "
-                         "use 0 for a stage that attends globally, e.g. (8, 4, 14, 7)")
+                          "use 0 for a stage that attends globally, e.g. (8, 4, 14, 7)")
     if any(not isinstance(w, int) or w < 0 for w in window_spec):
         raise WinposError(f"window_spec={tuple(window_spec)!r} must hold non-negative ints (0 = global attention)")
     depth = sum(stages)
     bad = [b for b in global_blocks if not 0 <= b < depth]
     if bad:
         raise WinposError(f"global_blocks {bad} are outside the {depth} blocks of stages={stages}; "
-                         f"use indices in [0, {depth - 1}]")
+                          f"use indices in [0, {depth - 1}]")
     stage_ends = [sum(stages[: i + 1]) - 1 for i in range(len(stages))]
     specs, dim, heads, stage = [], embed_dim, num_heads, 0
     for i in range(depth):
@@ -81,7 +81,7 @@ def block_schedule(embed_dim, num_heads, stages, window_spec, global_blocks, dim
             dim_out, heads, stage, q_stride = int(dim * dim_mul), int(heads * head_mul), stage + 1, Q_STRIDE
             if window % Q_STRIDE:
                 raise WinposError(f"block {i} pools its queries 2x2 inside windows of {window} tokens, which 2 does "
-                                 "not divide; use an even window for the stage before it")
+                                  "not divide; use an even window for the stage before it")
         if heads < 1 or dim_out % heads:
             raise WinposError(f"block {i} has {dim_out} channels and {heads} heads; channels must divide by heads")
         specs.append(BlockSpec(i, stage, dim, dim_out, heads, window, q_stride))
@@ -120,7 +120,7 @@ class HieraBlock(nn.Module):
                 self.proj = nn.Linear(spec.dim, spec.dim_out)
             elif spec.dim_out != 2 * spec.dim:
                 raise WinposError(f"expand_proj=False concatenates max- and avg-pooled inputs, so it needs "
-                                 f"dim_out = 2 * dim; block {spec.index} has {spec.dim} -> {spec.dim_out}")
+                                  f"dim_out = 2 * dim; block {spec.index} has {spec.dim} -> {spec.dim_out}")
         self.attn = Attention(spec.dim, spec.dim_out, spec.num_heads, window_size=spec.window,
                               q_stride=spec.q_stride, position=position, extent=extent, layer_index=spec.index,
                               num_layers=num_layers, pad_mode=pad_mode if spec.window else "mask")

@@ -21,6 +21,8 @@ from typing import Callable
 import torch.nn as nn
 from winpos.errors import WinposError
 
+__all__ = ["PRESETS", "build_preset", "create", "list_presets", "register_family", "register_preset"]
+
 PRESETS: dict[str, Callable[..., nn.Module]] = {}
 
 # Model files that register presets when imported.
@@ -37,7 +39,7 @@ def register_preset(name: str):
             if getattr(existing, "__qualname__", None) != getattr(factory, "__qualname__", None) or \
                     getattr(existing, "__module__", None) != getattr(factory, "__module__", None):
                 raise WinposError(f"backbone preset {name!r} is already registered by {existing.__module__}; "
-                                 "pick a different name")
+                                  "pick a different name")
         PRESETS[name] = factory
         return factory
 

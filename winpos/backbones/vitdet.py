@@ -137,7 +137,7 @@ class ViTDet(WindowedBackbone):
         for name, hw in (("img_size", img_hw), ("pretrain_img_size", pre_hw)):
             if hw[0] % patch_size or hw[1] % patch_size:
                 raise WinposError(f"{name}={hw} is not a multiple of patch_size={patch_size}; use e.g. "
-                                 f"{-(-hw[0] // patch_size) * patch_size}")
+                                  f"{-(-hw[0] // patch_size) * patch_size}")
         self.embed_dim, self.depth, self.num_layers, self.num_heads = embed_dim, depth, depth, num_heads
         self.patch_size, self.in_chans, self.window_size = patch_size, in_chans, window_size
         self.global_blocks = tuple(sorted(set(int(i) for i in global_blocks)))
@@ -175,13 +175,13 @@ class ViTDet(WindowedBackbone):
                 raise WinposError(f"{name}={v!r} must be a positive int")
         if embed_dim % num_heads:
             raise WinposError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; "
-                             "choose heads that divide it")
+                              "choose heads that divide it")
         if not isinstance(window_size, int) or window_size < 0:
             raise WinposError(f"window_size={window_size!r} must be an int >= 0 (0: every block global)")
         bad = [i for i in global_blocks if not 0 <= int(i) < depth]
         if bad:
             raise WinposError(f"global_blocks {bad} are outside 0..{depth - 1} for depth={depth}; "
-                             "list block indexes of this model")
+                              "list block indexes of this model")
         if pos_embed.startswith("abswin") and window_size == 0:
             raise WinposError(f"pos_embed={pos_embed!r} tiles a window embedding, but window_size=0 has no windows; "
                               "set window_size (e.g. 14) or use pos_embed='abs'")

@@ -30,7 +30,7 @@ def available_encodings(which: str, config_dir) -> list[str]:
     found = sorted(m.group(1) for p in config_dir.glob("*.py") if (m := pattern.match(p.name)))
     if not found:
         raise WinposError(f"no mask_rcnn_{which}_toy_*.py under {config_dir}; pass the configs/shapes folder of a "
-                         "winpos checkout, with which='hieradet' or 'vitdet'")
+                          "winpos checkout, with which='hieradet' or 'vitdet'")
     return found
 
 

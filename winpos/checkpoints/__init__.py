@@ -99,7 +99,7 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         fatal = [k for k, _ in report.missing if not may_keep_init(k)]
         if fatal:
             raise WinposError(f"the checkpoint lacks {len(fatal)} trunk weights of the target, e.g. {fatal[:5]}; "
-                             "it was made for another architecture or size")
+                              "it was made for another architecture or size")
     return sd, report
 
 

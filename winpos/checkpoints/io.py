@@ -123,7 +123,7 @@ def _check_file(path: Path) -> None:
         )
     if path.stat().st_size == 0:
         raise WinposError(f"checkpoint '{path}' is an empty file (0 bytes); the download or save was "
-                         "interrupted: fetch it again")
+                          "interrupted: fetch it again")
 
 
 def _load_restricted_pickle(path: Path) -> Any:
@@ -263,7 +263,7 @@ def unwrap_state_dict(obj: Any, source: str = "checkpoint") -> dict[str, torch.T
     """
     if not isinstance(obj, dict):
         raise WinposError(f"{source} holds a {type(obj).__name__}, not a dict of tensors; save the model's "
-                         "state_dict() rather than the model object")
+                          "state_dict() rather than the model object")
     if any(isinstance(v, (np.ndarray, dict)) for v in obj.values()):
         obj = _to_torch(obj)
     for key in CONTAINER_KEYS:
@@ -275,7 +275,7 @@ def unwrap_state_dict(obj: Any, source: str = "checkpoint") -> dict[str, torch.T
     if not flat:
         sample = [str(k) for k in list(obj.keys())[:12]]
         raise WinposError(f"{source} has no tensors at the top level or under {list(CONTAINER_KEYS)}; its keys "
-                         f"are {sample}: pass a file saved with torch.save(model.state_dict())")
+                          f"are {sample}: pass a file saved with torch.save(model.state_dict())")
     return flat
 
 

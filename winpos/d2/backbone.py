@@ -33,11 +33,11 @@ def build_net(net, recipe: str, overrides: dict, kind: str) -> nn.Module:
     if isinstance(net, nn.Module):
         if overrides:
             raise WinposError(f"{kind} got a built `net` and also constructor overrides {sorted(overrides)}; pass "
-                             "the overrides to the model you build, or pass the preset name as `net` instead")
+                              "the overrides to the model you build, or pass the preset name as `net` instead")
         return net
     if not isinstance(net, str):
         raise WinposError(f"{kind}.net must be a preset name (see winpos.backbones.list_presets()) or an nn.Module, "
-                         f"got {type(net).__name__}")
+                          f"got {type(net).__name__}")
     return create(net, recipe, **overrides)
 
 
@@ -62,10 +62,10 @@ class _WinposBackbone(Backbone):
         size_divisibility = min_divisor if size_divisibility is None else int(size_divisibility)
         if size_divisibility <= 0 or size_divisibility % min_divisor:
             raise WinposError(f"size_divisibility={size_divisibility} must be a positive multiple of {min_divisor} "
-                             "(the coarsest output stride), or None to use that stride")
+                              "(the coarsest output stride), or None to use that stride")
         if square_pad and square_pad % size_divisibility:
             raise WinposError(f"square_pad={square_pad} is not a multiple of size_divisibility={size_divisibility}; "
-                             f"use {math.ceil(square_pad / size_divisibility) * size_divisibility}")
+                              f"use {math.ceil(square_pad / size_divisibility) * size_divisibility}")
         self._size_divisibility, self._square_pad = size_divisibility, int(square_pad)
 
     @property

@@ -45,7 +45,7 @@ def split_checkpoint_url(path: str) -> tuple[str, bool]:
     unknown = set(query) - {"matching_heuristics"}
     if unknown:
         raise WinposError(f"unsupported query {sorted(unknown)} in checkpoint path {path!r}; only "
-                         "'?matching_heuristics=True' is understood")
+                          "'?matching_heuristics=True' is understood")
     return parsed._replace(query="").geturl(), query["matching_heuristics"][0].lower() == "true"
 
 
@@ -94,7 +94,7 @@ class WinposCheckpointer(DetectionCheckpointer):
         path = super().get_checkpoint_file()
         if path and not os.path.isfile(path):
             raise WinposError(f"{os.path.join(self.save_dir, 'last_checkpoint')} names {path}, which does not exist; "
-                             "restore the file, or delete last_checkpoint to start over")
+                              "restore the file, or delete last_checkpoint to start over")
         return path
 
     def _load_file(self, filename: str) -> dict:
@@ -141,7 +141,7 @@ def _winpos_net(model) -> tuple[str, torch.nn.Module]:
     nets = [(n, m) for n, m in model.named_modules() if isinstance(m, (ViTDet, HieraDet))]
     if len(nets) != 1:
         raise WinposError(f"expected exactly one winpos backbone in the model to load a backbone checkpoint into, "
-                         f"found {len(nets)}: {[n for n, _ in nets]}")
+                          f"found {len(nets)}: {[n for n, _ in nets]}")
     return nets[0]
 
 
@@ -198,7 +198,7 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
         model.load_state_dict(outside, strict=False)
     if loaded == 0:
         raise WinposError(f"{path} matched no parameter of the model's backbone ({type(net).__name__}) nor the "
-                         "detector; check that it is a checkpoint of this architecture and size")
+                          "detector; check that it is a checkpoint of this architecture and size")
     msg = (f"loaded {path} into the backbone via the winpos importer ({report.source}): {loaded} backbone tensors, "
            f"plus {len(outside)} detector tensors by name\n{report.summary()}")
     logger.info(msg)

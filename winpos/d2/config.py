@@ -102,7 +102,7 @@ def apply_overrides(cfg, overrides) -> DictConfig:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as e:
         raise WinposError(f"cannot parse config overrides {list(overrides)}: {e}. Write them as key=value "
-                         "(quote strings with spaces, lists as [1,2])") from e
+                          "(quote strings with spaces, lists as [1,2])") from e
     for o in parsed:
         key = o.key_or_group
         parts = key.split(".")
@@ -110,7 +110,7 @@ def apply_overrides(cfg, overrides) -> DictConfig:
             v = OmegaConf.select(cfg, ".".join(parts[:i]), default=None)
             if v is not None and not OmegaConf.is_config(v):
                 raise WinposError(f"config override {key!r}: {'.'.join(parts[:i])} is a {type(v).__name__}, not a "
-                                 "config node, so it has no sub-keys")
+                                  "config node, so it has no sub-keys")
         if o.is_delete():
             raise WinposError(f"'~{key}' deletes a key, which is not supported; set it to null instead ({key}=null)")
         exists = key_exists(cfg, key)

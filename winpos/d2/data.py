@@ -194,7 +194,7 @@ class StreamDataset(torchdata.Dataset):
     def __init__(self, dataset, mapper, seed: int = 0, shuffle: bool = True):
         if len(dataset) == 0:
             raise WinposError("the training dataset is empty; check dataloader.train.dataset.names and that its "
-                             "json lists images with annotations (filter_empty drops images without any)")
+                              "json lists images with annotations (filter_empty drops images without any)")
         self._data = dataset if isinstance(dataset, torchdata.Dataset) else DatasetFromList(dataset, copy=False)
         self._mapper, self._seed, self._shuffle = mapper, int(seed), shuffle
         self._perm_epoch, self._perm = None, None
@@ -232,7 +232,7 @@ class IterationBatchSampler(torchdata.Sampler):
         rank = comm.get_rank() if rank is None else rank
         if total_batch_size <= 0 or total_batch_size % world_size:
             raise WinposError(f"total_batch_size={total_batch_size} must be a positive multiple of the number of "
-                             f"processes ({world_size}); set dataloader.train.total_batch_size accordingly")
+                              f"processes ({world_size}); set dataloader.train.total_batch_size accordingly")
         if start_iter < 0:
             raise WinposError(f"start_iter={start_iter} must be >= 0")
         self.total, self.start_iter, self.rank = total_batch_size, start_iter, rank

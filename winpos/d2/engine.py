@@ -77,7 +77,7 @@ def resolve_device(cfg) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise WinposError(f"train.device={device!r} but this machine has no usable GPU; set train.device=auto "
-                         "(or cpu) to run on the CPU")
+                          "(or cpu) to run on the CPU")
     return device
 
 

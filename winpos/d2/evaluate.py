@@ -41,7 +41,7 @@ def set_test_size(cfg, model, size: int) -> None:
         mapper.image_size = int(size)
     else:
         raise WinposError("dataloader.test.mapper has no image_size; use winpos.d2.data.build_test_mapper in the config "
-                         "to evaluate at several sizes")
+                          "to evaluate at several sizes")
     backbone = getattr(model, "module", model).backbone
     if getattr(backbone, "_square_pad", 0):
         backbone._square_pad = int(size)

@@ -52,12 +52,12 @@ def layer_ids(model: nn.Module, position_layer: str = "block", position_keys=POS
     """
     if position_layer not in ("block", "zero"):
         raise WinposError(f"position_layer={position_layer!r}; choose 'block' (relpos/RoPE decay with their block, "
-                         "as detectron2) or 'zero' (every position parameter at layer 0)")
+                          "as detectron2) or 'zero' (every position parameter at layer 0)")
     nets = find_winpos_nets(model)
     depths = {int(n.num_layers) for n in nets.values()}
     if len(depths) > 1:
         raise WinposError(f"the model holds winpos backbones of different depths {sorted(depths)}; layer-wise lr "
-                         "decay needs one depth: use lr_decay_rate=1.0 or build the optimizer groups yourself")
+                          "decay needs one depth: use lr_decay_rate=1.0 or build the optimizer groups yourself")
     num_layers = depths.pop() if depths else 0
     ids = {}
     for prefix, net in nets.items():

@@ -21,6 +21,8 @@ from PIL import Image
 from .shapes import cache_root
 from winpos.errors import WinposError
 
+__all__ = ["cleaned_json_file", "DatasetFileNotFoundError", "validate_coco_json", "ValidationReport"]
+
 logger = logging.getLogger(__name__)
 
 _EXIF_ORIENTATION = 0x0112
@@ -149,13 +151,13 @@ def validate_coco_json(json_path, image_root, on_error: str = "raise", check_ima
         data.get(k) if isinstance(data, dict) else None, list)]
     if missing:
         raise WinposError(f"{json_path} has no {missing} list(s); a COCO instances file needs 'images', "
-                         "'annotations' and 'categories'")
+                          "'annotations' and 'categories'")
     cats = data["categories"]
     cat_ids = [c.get("id") if isinstance(c, dict) else None for c in cats]
     if not cats or not all(isinstance(i, int) and isinstance(c.get("name"), str) for i, c in zip(cat_ids, cats)) \
             or len(set(cat_ids)) != len(cat_ids):
         raise WinposError(f"{json_path}: 'categories' must be a non-empty list of {{'id': int, 'name': str}} with "
-                         f"unique ids, got ids {cat_ids[:10]}")
+                          f"unique ids, got ids {cat_ids[:10]}")
 
     skipped, examples = Counter(), []
 

@@ -26,6 +26,9 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from winpos.errors import WinposError
 
+__all__ = ["SHAPE_CLASSES", "TEXTURES", "cache_root", "compose_scene", "ensure_shapes_dataset", "generate_shapes",
+           "mask_to_polygons", "one_class_json", "rasterize_polygons", "Shape", "shape_polygon"]
+
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star")
 TEXTURES: tuple[str, ...] = ("solid", "gradient", "stripes")
 _VERSION = 1  # bump when the generator's output changes: it is part of the cache key
@@ -279,7 +282,7 @@ def _as_hw(image_size) -> tuple[int, int]:
     hw = (image_size, image_size) if isinstance(image_size, int) else tuple(int(v) for v in image_size)
     if len(hw) != 2 or min(hw) < 32:
         raise WinposError(f"image_size={image_size!r} must be an int or (height, width) pair, each >= 32 px; "
-                         "smaller images cannot hold the smallest shapes")
+                          "smaller images cannot hold the smallest shapes")
     return hw
 
 
@@ -300,7 +303,7 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
         raise WinposError(f"num_images={num_images} must be >= 1")
     if object_side is not None and not (isinstance(object_side, int) and object_side >= 32):
         raise WinposError(f"object_side={object_side!r} must be an int >= 32 px (the short side object sizes are "
-                         "drawn for), or None for the image's own")
+                          "drawn for), or None for the image's own")
     if not 0 <= min_objects <= max_objects or max_objects < 1:
         raise WinposError(f"need 0 <= min_objects <= max_objects and max_objects >= 1, got {min_objects}, {max_objects}")
     root = Path(root)

@@ -19,6 +19,8 @@ import torch
 from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
+__all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport"]
+
 
 @dataclass
 class DoctorReport:

@@ -163,7 +163,7 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
     fmt = parse_format(format)
     if fmt == Format.LOOKHERE:
         raise WinposError("a LookHere checkpoint has no absolute position embedding (LookHere biases attention "
-                         "instead); there is nothing to plot")
+                          "instead); there is nothing to plot")
     source = "<object>"
     if isinstance(obj_or_path, (str, os.PathLike)):
         source = str(obj_or_path)
@@ -182,7 +182,7 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
         if format == "auto":
             raise
         raise WinposError(f"no absolute position embedding of format '{fmt}' found in checkpoint '{source}': "
-                         f"{e}") from None
+                          f"{e}") from None
     infos = []
     if pos is not None:
         info = _build(pos, kernel, prefix, fmt, window, resolution)

@@ -43,11 +43,11 @@ def as_grid(E, name: str = "embedding") -> np.ndarray:
         raise WinposError(f"{name} must be a (C, H, W) tensor or array, got {type(E).__name__}")
     if E.ndim != 3:
         raise WinposError(f"{name} must have shape (C, H, W), got {tuple(E.shape)}; for a (1, C, H, W) map pass "
-                         "E[0], for a flat (1, N, C) one reshape it to a grid first (see winpos.diagnostics.extract)")
+                          "E[0], for a flat (1, N, C) one reshape it to a grid first (see winpos.diagnostics.extract)")
     E = E.astype(np.float64, copy=False)
     if not np.isfinite(E).all():
         raise WinposError(f"{name} has {int((~np.isfinite(E)).sum())} non-finite values (NaN/inf); the checkpoint is "
-                         "corrupt or training diverged: reload the weights")
+                          "corrupt or training diverged: reload the weights")
     return E
 
 
@@ -230,7 +230,7 @@ def abswin_embed(global_E, window_E, hw, antialias: bool = False) -> torch.Tenso
     win = torch.as_tensor(window_E)[None].float()
     if g.shape[1] != win.shape[1]:
         raise WinposError(f"global ({g.shape[1]} channels) and window ({win.shape[1]} channels) embeddings differ in "
-                         "width; they must come from the same model")
+                          "width; they must come from the same model")
     return abswin_embedding(g, win, as_hw(hw, "target grid"), antialias=antialias)[0]
 
 

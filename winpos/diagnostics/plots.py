@@ -41,7 +41,7 @@ def _save(fig: Figure, path: Path, pdf: bool) -> list[Path]:
             out.append(path.with_suffix(".pdf"))
     except OSError as e:
         raise WinposError(f"cannot write figure '{path}' ({e.strerror or e}); choose an output folder you can "
-                         "write to") from e
+                          "write to") from e
     return out
 
 

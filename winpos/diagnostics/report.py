@@ -139,7 +139,7 @@ def _out_dir(out_dir) -> Path:
         probe.unlink()
     except OSError as e:
         raise WinposError(f"output folder '{out}' cannot be written ({e.strerror or e}); choose a folder you can "
-                         "write to with --out / out_dir=") from e
+                          "write to with --out / out_dir=") from e
     return out
 
 

@@ -14,6 +14,8 @@ import torch.nn.functional as F
 
 from winpos.errors import WinposError, as_hw, check_finite
 
+__all__ = ["flat_to_grid", "interpolate_abs", "resample_flat", "resize_grid", "split_cls", "split_flat_embedding"]
+
 
 def resize_grid(grid: torch.Tensor, hw, antialias: bool = False) -> torch.Tensor:
     """Bicubically resample an NCHW grid ``(N, C, h, w) -> (N, C, H, W)`` in fp32; identity when sizes match."""

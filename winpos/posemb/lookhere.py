@@ -238,7 +238,7 @@ class LookHere(nn.Module):
         super().__init__()
         if distance != "linear" or fill_with != "inf":
             raise WinposError(f"distance={distance!r}, fill_with={fill_with!r} are ablations of the authors' code that "
-                             "winpos does not implement; use distance='linear', fill_with='inf'")
+                              "winpos does not implement; use distance='linear', fill_with='inf'")
         _check_layer(layer_index, num_layers)
         self._official_units = layer_slopes is not None or head_directions is not None or slope_units == "official"
         self.global_slope = official_global_slope(global_slope, slope_units, self._official_units)

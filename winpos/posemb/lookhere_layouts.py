@@ -52,6 +52,10 @@ import torch
 from torch import Tensor
 from winpos.errors import WinposError
 
+__all__ = ["DEFAULT_GLOBAL_SLOPE", "DEFAULT_LAYER_SLOPES", "LAYOUTS", "OFFICIAL_HEAD_DIRECTIONS", "SHORTHANDS",
+           "SLOPE_UNITS", "VARIANTS", "head_fields_of_view", "head_names", "head_slopes", "official_global_slope",
+           "resolve_head_directions"]
+
 VARIANTS = ("180", "90", "45")
 LAYOUTS = ("official", "spread")
 SLOPE_UNITS = ("official", "paper")
@@ -109,7 +113,7 @@ def _check_slope(name: str, value) -> float:
         raise WinposError(f"{name}={value!r} must be a finite number >= 0") from None
     if not 0.0 <= value < math.inf:
         raise WinposError(f"{name}={value!r} must be a finite number >= 0 (the authors use global_slope=2.0, "
-                         "layer_slopes=(1.5, 0.5))")
+                          "layer_slopes=(1.5, 0.5))")
     return value
 
 
@@ -147,7 +151,7 @@ def _check_layer_slopes(layer_slopes) -> tuple[float, float]:
         first, last = layer_slopes
     except (TypeError, ValueError):
         raise WinposError(f"layer_slopes={layer_slopes!r} must be two numbers (first layer, last layer), "
-                         "e.g. the authors' (1.5, 0.5)") from None
+                          "e.g. the authors' (1.5, 0.5)") from None
     return _check_slope("layer_slopes[0]", first), _check_slope("layer_slopes[1]", last)
 
 
@@ -158,10 +162,10 @@ def _layer_shorthand(head_directions, layer_index: int, num_layers: int):
         return head_directions
     if not isinstance(head_directions, (list, tuple)) or not all(isinstance(s, str) for s in head_directions):
         raise WinposError(f"head_directions={head_directions!r} must be a shorthand string such as "
-                         "'corners-triangles-none' or a list of them, one per layer")
+                          "'corners-triangles-none' or a list of them, one per layer")
     if len(head_directions) != num_layers:
         raise WinposError(f"head_directions lists {len(head_directions)} shorthands but the model has {num_layers} "
-                         "layers; give one per layer or a single string for all")
+                          "layers; give one per layer or a single string for all")
     return head_directions[layer_index]
 
 
@@ -171,7 +175,7 @@ def _official_layout(shorthand: str, num_heads: int):
     unknown = [p for p in parts if p not in SHORTHANDS]
     if unknown:
         raise WinposError(f"head_directions={shorthand!r} has the part {unknown[0]!r}, which winpos does not "
-                         f"implement; use parts from {', '.join(SHORTHANDS)} joined by '-'")
+                          f"implement; use parts from {', '.join(SHORTHANDS)} joined by '-'")
     if num_heads == 6 and len(parts) >= 2:
         fill = [(parts[0], 4), (parts[1], 2)]
     elif len(parts) == 1 and num_heads % 4 == 0:
@@ -231,14 +235,14 @@ def resolve_head_directions(num_heads: int, variant=None, head_directions=None, 
     if head_directions is not None:
         if not isinstance(head_directions, str):
             raise WinposError(f"head_directions={head_directions!r} must be a shorthand string such as "
-                             "'corners-triangles-none'")
+                              "'corners-triangles-none'")
         if layout != "official":
             raise WinposError(f"head_directions={head_directions!r} is the authors' layout but layout={layout!r}; "
-                             "drop one of them")
+                              "drop one of them")
         if variant is not None and head_directions != _variant_shorthand(num_heads, variant):
             raise WinposError(f"variant={variant!r} means head_directions="
-                             f"{_variant_shorthand(num_heads, variant)!r} for {num_heads} heads, not "
-                             f"{head_directions!r}; pass only one of them")
+                              f"{_variant_shorthand(num_heads, variant)!r} for {num_heads} heads, not "
+                              f"{head_directions!r}; pass only one of them")
         return head_directions
     variant = "45" if variant is None else variant
     if layout == "official" and num_heads in (6, 12, 16):

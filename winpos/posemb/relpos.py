@@ -13,6 +13,9 @@ import torch.nn.functional as F
 
 from winpos.errors import WinposError, as_hw
 
+__all__ = ["key_codes", "rel_bias_dense", "rel_index", "rel_lookup", "rel_pos_parameters", "rel_terms", "RelPosTables",
+           "resample_rel_table"]
+
 
 def resample_rel_table(table: torch.Tensor, length: int) -> torch.Tensor:
     """Linearly resample a ``(L, C)`` table to ``(length, C)`` (``align_corners=False``); identity when L matches."""
@@ -83,21 +86,30 @@ def key_codes(k_hw, dtype, device) -> torch.Tensor:
     return codes
 
 
+def rel_pos_parameters(head_dim: int, extent, zero_init: bool = True,
+                       init_std: float = 0.02) -> tuple[nn.Parameter, nn.Parameter]:
+    """Learned decomposed relpos tables ``(rel_pos_h, rel_pos_w)``, each ``(2*extent-1, head_dim)``: zeros with
+    ``zero_init`` (detectron2's ``rel_pos_zero_init``), else trunc-normal(``init_std``)."""
+    eh, ew = as_hw(extent, "relpos extent")
+    rel_pos_h = nn.Parameter(torch.zeros(2 * eh - 1, head_dim))
+    rel_pos_w = nn.Parameter(torch.zeros(2 * ew - 1, head_dim))
+    if not zero_init:
+        nn.init.trunc_normal_(rel_pos_h, std=init_std)
+        nn.init.trunc_normal_(rel_pos_w, std=init_std)
+    return rel_pos_h, rel_pos_w
+
+
 class RelPosTables(nn.Module):
-    """Learned decomposed relpos tables ``rel_pos_h``, ``rel_pos_w`` of shape ``(2*extent-1, head_dim)``.
+    """A standalone holder of ``rel_pos_parameters`` (the attention module keeps them as its own ``rel_pos_h`` /
+    ``rel_pos_w`` attributes, detectron2's checkpoint keys).
 
     ``extent`` is the attention extent (window size, or the global grid at the training resolution); tables are
-    resampled when a different extent is used. ``zero_init`` follows detectron2's ``rel_pos_zero_init``.
+    resampled when a different extent is used.
     """
 
     def __init__(self, head_dim: int, extent, zero_init: bool = True, init_std: float = 0.02):
         super().__init__()
-        eh, ew = as_hw(extent, "relpos extent")
-        self.rel_pos_h = nn.Parameter(torch.zeros(2 * eh - 1, head_dim))
-        self.rel_pos_w = nn.Parameter(torch.zeros(2 * ew - 1, head_dim))
-        if not zero_init:
-            nn.init.trunc_normal_(self.rel_pos_h, std=init_std)
-            nn.init.trunc_normal_(self.rel_pos_w, std=init_std)
+        self.rel_pos_h, self.rel_pos_w = rel_pos_parameters(head_dim, extent, zero_init, init_std)
 
     def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.rel_pos_h, self.rel_pos_w

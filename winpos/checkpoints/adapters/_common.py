@@ -1,10 +1,11 @@
-"""Helpers the adapters share: container prefixes and abs-win pairs."""
+"""Helpers the adapters share: container prefixes, flat absolute embeddings and abs-win pairs."""
 from __future__ import annotations
 
 import torch
 
 from winpos.checkpoints.convert import Adapted, Position
 from winpos.errors import WinposError
+from winpos.posemb.interp import split_flat_embedding
 
 
 def strip_prefix(adapted: Adapted, state_dict: dict, prefix: str, outside: str) -> dict[str, str]:
@@ -20,6 +21,13 @@ def strip_prefix(adapted: Adapted, state_dict: dict, prefix: str, outside: str) 
         if not k.startswith(prefix):
             adapted.ignore(k, outside)
     return {k[len(prefix):]: k for k in state_dict if k.startswith(prefix)}
+
+
+def flat_abs(key: str, value: torch.Tensor, has_cls: bool | None = None) -> Position:
+    """``Position`` of a flat absolute embedding ``(1, [1+]N, C)`` stored under ``key`` (a cls row split off;
+    ``has_cls`` None: detected from N)."""
+    grid, cls = split_flat_embedding(value, key, has_cls=has_cls)
+    return Position("abs", grid=grid, cls=cls, grid_key=key, stored_shape=tuple(value.shape))
 
 
 def abswin_pair(found: dict[str, tuple[str, torch.Tensor]], antialias: bool) -> Position:

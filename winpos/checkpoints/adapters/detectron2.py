@@ -5,9 +5,8 @@ outside ``backbone.net.`` (pyramid, RPN, ROI heads, pixel statistics) are report
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters._common import strip_prefix
-from winpos.checkpoints.convert import Adapted, Position
-from winpos.posemb.interp import split_flat_embedding
+from winpos.checkpoints.adapters._common import flat_abs, strip_prefix
+from winpos.checkpoints.convert import Adapted
 
 PREFIX = "backbone.net."
 
@@ -19,8 +18,7 @@ def adapt(state_dict: dict) -> Adapted:
     for name, key in names.items():
         value = state_dict[key]
         if name == "pos_embed":
-            grid, cls = split_flat_embedding(value, key)
-            a.position = Position("abs", grid=grid, cls=cls, grid_key=key, stored_shape=tuple(value.shape))
+            a.position = flat_abs(key, value)
         else:
             a.trunk[name] = (key, value)
     return a

@@ -7,9 +7,9 @@ HieraDet is an image backbone.
 """
 from __future__ import annotations
 
-from winpos.checkpoints.convert import Adapted, Position
+from winpos.checkpoints.adapters._common import flat_abs
+from winpos.checkpoints.convert import Adapted
 from winpos.errors import WinposError
-from winpos.posemb.interp import split_flat_embedding
 
 
 def refuse_video(state_dict: dict) -> None:
@@ -23,8 +23,7 @@ def adapt(state_dict: dict) -> Adapted:
     a = Adapted("hiera")
     for key, value in state_dict.items():
         if key == "pos_embed":
-            grid, _ = split_flat_embedding(value, key, has_cls=False)
-            a.position = Position("abs", grid=grid, grid_key=key, stored_shape=tuple(value.shape))
+            a.position = flat_abs(key, value, has_cls=False)
         elif key.startswith(("patch_embed.", "blocks.")):
             a.trunk[key] = (key, value)
         else:

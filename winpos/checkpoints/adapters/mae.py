@@ -6,8 +6,8 @@
 """
 from __future__ import annotations
 
-from winpos.checkpoints.convert import Adapted, Position
-from winpos.posemb.interp import split_flat_embedding
+from winpos.checkpoints.adapters._common import flat_abs
+from winpos.checkpoints.convert import Adapted
 
 
 def adapt(state_dict: dict) -> Adapted:
@@ -22,8 +22,7 @@ def adapt(state_dict: dict) -> Adapted:
         elif key.startswith(("decoder", "mask_token")):
             a.ignore(key, "MAE decoder")
         elif key == "pos_embed":
-            grid, cls = split_flat_embedding(value, key)
-            a.position = Position("abs", grid=grid, cls=cls, grid_key=key, stored_shape=tuple(value.shape))
+            a.position = flat_abs(key, value)
         else:
             a.trunk[key] = (key, value)
     return a

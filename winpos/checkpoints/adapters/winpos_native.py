@@ -6,9 +6,8 @@ either had ``pos_embed="none"``. All other tensors keep their names.
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters._common import abswin_pair
-from winpos.checkpoints.convert import Adapted, Position
-from winpos.posemb.interp import split_flat_embedding
+from winpos.checkpoints.adapters._common import abswin_pair, flat_abs
+from winpos.checkpoints.convert import Adapted
 
 _POS = {"pos_embed.global_embed": "global", "pos_embed.window_embed": "window"}
 
@@ -18,8 +17,7 @@ def adapt(state_dict: dict) -> Adapted:
     pair = {}
     for key, value in state_dict.items():
         if key == "pos_embed.pos_embed":
-            grid, cls = split_flat_embedding(value, key)
-            a.position = Position("abs", grid=grid, cls=cls, grid_key=key, stored_shape=tuple(value.shape))
+            a.position = flat_abs(key, value)
         elif key in _POS:
             pair[_POS[key]] = (key, value)
         else:
