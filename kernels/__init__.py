@@ -17,13 +17,13 @@ from .rope import RopeGridFunction, rope_grid, rope_grid_reference
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
 if TRITON_INSTALLED:
-    from .dispatch import window_attention
+    from .dispatch import prefers_kernels, window_attention
 else:
     def __getattr__(name):
-        if name == "window_attention":
+        if name in ("window_attention", "prefers_kernels"):
             raise ImportError("winpos.kernels.window_attention needs the `triton` package (pip install triton); "
                               "use winpos.attention with backend='reference' meanwhile")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Plan", "RopeGridFunction", "TRITON_INSTALLED", "WindowAttentionFunction", "attention_flops",
-           "default_blocks", "rope_grid", "rope_grid_reference", "window_attention"]
+           "default_blocks", "prefers_kernels", "rope_grid", "rope_grid_reference", "window_attention"]

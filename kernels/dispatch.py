@@ -26,6 +26,21 @@ MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
 PAD_MODES = ("zeros", "mask")
 
 
+def fast_inputs(dtype: torch.dtype, head_dim: int, v_like_k: bool) -> bool:
+    """Whether the compiled kernels take such inputs on their fast path: float16/bfloat16 (fp32 runs exact-fp32
+    FMA dots, 10-100x slower than the reference's SDPA; fp64 is refused), head_dim in 16..128, v shaped like k."""
+    return dtype in (torch.float16, torch.bfloat16) and MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and v_like_k
+
+
+def prefers_kernels(q, k, v) -> bool:
+    """For ``backend="auto"``: on CUDA, route to the kernels only inputs they take fast (``fast_inputs``); fp32,
+    fp64 or unsupported head dims go to the reference instead of a slow path or an error. Off CUDA (the
+    interpreter, chosen explicitly) always True."""
+    if q.device.type != "cuda":
+        return True
+    return q.dtype == k.dtype == v.dtype and fast_inputs(q.dtype, q.shape[-1], v.shape == k.shape)
+
+
 def _check_qkv(q, k, v) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 5:

@@ -192,3 +192,17 @@ def test_the_launch_path_touches_no_environment_or_module_after_the_first_load(m
         q, k, v = _qkv(dtype=torch.float16)
         window_attention(q, k, v, window=4).sum()
     assert calls == []
+
+
+def test_auto_backend_sends_slow_or_refused_inputs_to_the_reference():
+    """``winpos.attention`` with ``backend="auto"`` asks ``prefers_kernels`` on CUDA: fp32 (exact-fp32 FMA dots),
+    fp64 and head dims outside 16..128 (refused) go to the reference; off CUDA the interpreter was chosen
+    explicitly, so always the kernels."""
+    from winpos.kernels.dispatch import fast_inputs, prefers_kernels
+
+    assert fast_inputs(torch.bfloat16, 56, True) and fast_inputs(torch.float16, 128, True)
+    assert not fast_inputs(torch.float32, 64, True) and not fast_inputs(torch.float64, 64, True)
+    assert not fast_inputs(torch.float16, 8, True) and not fast_inputs(torch.float16, 256, True)
+    assert not fast_inputs(torch.float16, 64, False)
+    q = torch.zeros(1, 4, 4, 1, 16, dtype=torch.float64)
+    assert prefers_kernels(q, q, q)

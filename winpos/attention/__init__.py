@@ -66,7 +66,10 @@ def attention(q, k, v, *, window=None, pos: PositionTerms | None = None, valid_h
     check_inputs(q, k, v)
     check_choice("pad_mode", pad_mode, PAD_MODES)
     if resolve_backend(backend, q.device) == "triton":
-        from winpos.kernels import window_attention as triton_attention
+        from winpos.kernels import prefers_kernels, window_attention as triton_attention
 
-        return triton_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
+        # "auto" on CUDA sends fp32/fp64/unsupported head dims to the reference (slow path or refusal otherwise)
+        if backend != "auto" or prefers_kernels(q, k, v):
+            return triton_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode,
+                                    scale=scale)
     return reference_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
