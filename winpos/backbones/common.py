@@ -100,18 +100,20 @@ class Attention(nn.Module):
         B, H, W, C = x.shape
         ws, s = self.window_size, self.q_stride
         zero_padded = self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)
-        backend = resolve_backend("auto", x.device)  # once per forward; attention() only checks it again
-        if ws and zero_padded and backend != "triton":
+        # Whether the kernels may run decides how to window; attention() itself still takes "auto", because on CUDA
+        # it sends inputs the kernels do not take fast (fp32, some head dims; known only after the projection,
+        # under autocast too) to the reference.
+        if ws and zero_padded and resolve_backend("auto", x.device) != "triton":
             # Partition x once, before the projections (as SAM2 does): every position term of a window block is
             # window-local, so each window is a small global attention with the same terms. One copy of x and one
             # of the output, instead of one per q, k and v and one of the output. (The Triton kernel windows the
             # grid in-kernel and needs no copy at all.)
             xw = window_partition(x, ws).reshape(-1, ws, ws, C)
-            out = self._attend(xw, window=None, valid_hw=None, backend=backend)
+            out = self._attend(xw, window=None, valid_hw=None)
             return window_unpartition(out.flatten(1, 2), ws // s, (H // s, W // s))
-        return self._attend(x, window=ws or None, valid_hw=valid_hw, backend=backend)
+        return self._attend(x, window=ws or None, valid_hw=valid_hw)
 
-    def _attend(self, x: torch.Tensor, window, valid_hw, backend) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, window, valid_hw) -> torch.Tensor:
         B, H, W, _ = x.shape
         qkv = self.qkv(x).reshape(B, H, W, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(3)  # each (B, H, W, heads, head_dim)
@@ -120,8 +122,7 @@ class Attention(nn.Module):
             s = self.q_stride
             q = F.max_pool2d(q.flatten(3).permute(0, 3, 1, 2), kernel_size=s, stride=s, ceil_mode=False)
             q = q.permute(0, 2, 3, 1).reshape(B, H // s, W // s, self.num_heads, self.head_dim)
-        out = attention(q, k, v, window=window, pos=self.position_terms(), valid_hw=valid_hw, pad_mode=self.pad_mode,
-                        backend=backend)
+        out = attention(q, k, v, window=window, pos=self.position_terms(), valid_hw=valid_hw, pad_mode=self.pad_mode)
         return self.proj(out.flatten(-2))
 
 
