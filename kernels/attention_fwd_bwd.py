@@ -162,48 +162,91 @@ def _launch_options(args: dict, backward: bool) -> dict:
     return dict(num_warps=8 if backward and heavy else 4, num_stages=2)
 
 
+# Launch signature -> the launches' non-tensor keyword arguments and grids. Everything they depend on is in the
+# key (geometry, scale, dtype, shapes and strides of every tensor, which terms are present), so a hit skips the
+# validation and argument building of _kernel_args, the costliest host step after Triton's own binding.
+_STATIC: dict = {}
+_STATIC_MAX = 512
+
+
+def _layout(t: Optional[Tensor]):
+    return None if t is None else (t.shape, t.stride())
+
+
+def _tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls) -> dict:
+    """The tensor arguments shared by the three kernels (absent ones point at ``lse``: never dereferenced, the
+    matching constexpr flag is off)."""
+    return dict(Q=q, K=k, V=v, LSE=lse, COSQ=lse if cos_q is None else cos_q, SINQ=lse if sin_q is None else sin_q,
+                COSK=lse if cos_k is None else cos_k, SINK=lse if sin_k is None else sin_k,
+                REL=lse if rel is None else rel, FOV=lse if fov is None else fov,
+                SLOPE=lse if slopes is None else slopes, CLS=lse if tile_cls is None else tile_cls)
+
+
+def _static(args: dict) -> dict:
+    return {name: value for name, value in args.items() if not isinstance(value, Tensor)}
+
+
+def _remember(key, value):
+    if len(_STATIC) >= _STATIC_MAX:
+        _STATIC.clear()
+    _STATIC[key] = value
+    return value
+
+
 def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
     _jit.check_launchable(q, k, v)
     kern = _jit.load("tl_attention")
-    plan = Plan._make(geom)
     B, Hq, Wq, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Wq, heads), dtype=torch.float32, device=q.device)
-    unit = stride_unit(q, k, v, out)
-    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
-    grid = (B * plan.n_wh * plan.n_ww, plan.n_qt, heads)
-    _jit.launch(kern.attn_fwd, grid, O=out, **_grid_strides("so", out, unit), **args,
-                **_launch_options(args, backward=False))
+    key = ("fwd", *geom, scale, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), _layout(cos_q),
+           _layout(cos_k), _layout(rel), fov is None, _layout(tile_cls))
+    hit = _STATIC.get(key)
+    if hit is None:
+        plan = Plan._make(geom)
+        unit = stride_unit(q, k, v, out)
+        args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
+        static = dict(_static(args), **_grid_strides("so", out, unit), **_launch_options(args, backward=False))
+        hit = _remember(key, ((B * plan.n_wh * plan.n_ww, plan.n_qt, heads), static))
+    grid, static = hit
+    _jit.launch(kern.attn_fwd, grid, O=out, **_tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
+                                                           tile_cls), **static)
     return out, lse
 
 
 def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
     _jit.check_launchable(do, q, k, v)
     kern = _jit.load("tl_attention")
-    plan = Plan._make(geom)
-    B, Hq, Wq, heads, _ = q.shape
     if do.stride(-1) != 1:
         do = do.contiguous()
     if out.stride(-1) != 1:
         out = out.contiguous()
-    check_window_offsets("grad_output", do, (plan.qwh, plan.qww))
     delta = torch.empty_like(lse)  # rowsum(out * do) in fp32, written by the dQ kernel for the dK/dV kernel
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     drel = torch.empty_like(rel, memory_format=torch.contiguous_format) if rel is not None else q.new_empty(0)
-    unit = stride_unit(q, k, v, out, do, dq, dk)  # dv has dk's strides
-    args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
-    args.update(DO=do, DELTA=delta, **_grid_strides("sdo", do, unit), scale=float(scale))
-    groups = B * plan.n_wh * plan.n_ww
-    _jit.launch(
-        kern.attn_bwd_dq, (groups, plan.n_qt, heads), O=out, **_grid_strides("so", out, unit), DQ=dq,
-        DREL=drel if rel is not None else lse,
-        **_grid_strides("sdq", dq, unit), REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", **args, **_launch_options(args, True))
-    _jit.launch(
-        kern.attn_bwd_dkdv, (groups, plan.n_kt, heads), DK=dk, DV=dv,
-        **_grid_strides("sdk", dk, unit), **args,
-        **_launch_options(args, True))
+    key = ("bwd", *geom, scale, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.shape, do.stride(),
+           out.stride(), lse.stride(), _layout(cos_q), _layout(cos_k), _layout(rel), fov is None, _layout(tile_cls))
+    hit = _STATIC.get(key)
+    if hit is None:
+        plan = Plan._make(geom)
+        check_window_offsets("grad_output", do, (plan.qwh, plan.qww))
+        unit = stride_unit(q, k, v, out, do, dq, dk)  # dv has dk's strides
+        args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
+        common = dict(_static(args), **_grid_strides("sdo", do, unit), scale=float(scale),
+                      **_launch_options(args, True))
+        groups = q.shape[0] * plan.n_wh * plan.n_ww
+        static_dq = dict(common, **_grid_strides("so", out, unit), **_grid_strides("sdq", dq, unit),
+                         REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+        static_kv = dict(common, **_grid_strides("sdk", dk, unit))
+        heads = q.shape[3]
+        hit = _remember(key, ((groups, plan.n_qt, heads), static_dq, (groups, plan.n_kt, heads), static_kv))
+    grid_dq, static_dq, grid_kv, static_kv = hit
+    tensors = _tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls)
+    _jit.launch(kern.attn_bwd_dq, grid_dq, O=out, DO=do, DELTA=delta, DQ=dq, DREL=lse if rel is None else drel,
+                **tensors, **static_dq)
+    _jit.launch(kern.attn_bwd_dkdv, grid_kv, DO=do, DELTA=delta, DK=dk, DV=dv, **tensors, **static_kv)
     return dq, dk, dv, drel
 
 

@@ -8,8 +8,9 @@ tensor ops the path makes (allocations of out/lse/dq/dk/dv, delta, relpos terms)
 ``TRITON_INTERPRET``) with ``_jit.launch`` replaced by the binder-only stub (which also zero-fills the kernel's
 outputs, a microsecond or two each, as if the kernel had written them) and CPU tensors accepted.
 
-Rows: forward (no grad) and forward + backward per position term, on a small shape (batch 1, 16x16 grid, 8x8
-windows, 2 heads of 64) in fp32, so that the CPU's own arithmetic in those tensor ops stays negligible (the path
+Two tables: "dispatch" (the launch a no-op: winpos's own host path) and "dispatch + triton binding". Rows:
+forward (no grad) and forward + backward (``torch.autograd.grad``: the engine, no gradient accumulation) per
+position term, on a small shape (batch 1, 16x16 grid, 8x8 windows, 2 heads of 64) in fp32, so that the CPU's own arithmetic in those tensor ops stays negligible (the path
 is the same for every dtype). 10th percentile and median of 300 calls after a warm-up (the 10th percentile is
 the steadier number on a busy machine). Prints JSON with ``--json``.
 """
@@ -24,8 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _stub_launch():
-    """A launch that binds the arguments exactly as ``JITFunction.run`` does, then returns (no kernel run)."""
+def _stub_launch(bind: bool = True):
+    """A launch that binds the arguments exactly as ``JITFunction.run`` does (``bind``), then returns (no kernel
+    run)."""
     from triton.runtime.jit import compute_cache_key
 
     from tests.kernels.aot_compile import _binder
@@ -33,10 +35,13 @@ def _stub_launch():
     binders, key_caches = {}, {}
 
     def launch(kernel, grid, **kwargs):
-        if kernel not in binders:
+        if not bind:
+            pass
+        elif kernel not in binders:
             binders[kernel], key_caches[kernel] = _binder(kernel)[1], {}
-        bound, specialization, options = binders[kernel](**kwargs, debug=False, instrumentation_mode="")
-        compute_cache_key(key_caches[kernel], specialization, options)
+        if bind:
+            bound, specialization, options = binders[kernel](**kwargs, debug=False, instrumentation_mode="")
+            compute_cache_key(key_caches[kernel], specialization, options)
         for name in _OUTPUTS:  # as if the kernel had written them (uninitialized memory makes later CPU ops slow)
             if name in kwargs:
                 kwargs[name].zero_()
@@ -46,14 +51,14 @@ def _stub_launch():
 _OUTPUTS = ("O", "LSE", "DELTA", "DQ", "DK", "DV", "DREL")
 
 
-def measure(reps: int = 300) -> dict:
+def measure(reps: int = 300, bind: bool = True) -> dict:
     import torch
 
     from tests.kernels.aot_compile import Shape, position_terms
     from winpos.kernels import _jit, window_attention
 
     torch.set_num_threads(1)  # no intra-op thread hand-offs: small CPU ops stay microseconds on a busy machine
-    _jit.launch, _jit.check_launchable = _stub_launch(), (lambda *t: False)
+    _jit.launch, _jit.check_launchable = _stub_launch(bind), (lambda *t: False)
     shape = Shape("toy", "w8", (16, 16), 2, 64, window=8)
     rows = {}
     for term in ("none", "rope", "relpos", "lookhere"):
@@ -67,7 +72,7 @@ def measure(reps: int = 300) -> dict:
                 window_attention(q, k, v, window=8, pos=pos)
 
         def fwd_bwd():
-            window_attention(q, k, v, window=8, pos=pos).backward(do)
+            torch.autograd.grad(window_attention(q, k, v, window=8, pos=pos), (q, k, v), do)  # no accumulation
 
         for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
             for _ in range(20):
@@ -86,12 +91,14 @@ def measure(reps: int = 300) -> dict:
 def main(argv) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     sys.path.insert(0, str(ROOT))
-    rows = measure()
+    rows = {"dispatch": measure(bind=False), "dispatch + triton binding": measure(bind=True)}
     if "--json" in argv:
         print(json.dumps(rows))
     else:
-        for k, v in rows.items():
-            print(f"{k:20s} p10 {v['p10']:8.1f} us   median {v['median']:8.1f} us")
+        for mode, table in rows.items():
+            print(mode)
+            for k, v in table.items():
+                print(f"  {k:18s} p10 {v['p10']:8.1f} us   median {v['median']:8.1f} us")
     return 0
 
 
