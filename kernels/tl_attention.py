@@ -17,8 +17,8 @@ Shared arguments (see ``attention_fwd_bwd._kernel_args``):
 import triton
 import triton.language as tl
 
-from .tl_common import (base_offset, load_tile, logits_tile, rel_tiles, tile_mask, token_rows, unrotate,
-                        window_origin, window_tokens)
+from .tl_common import (base_offset, load_tile, logits_tile, logits_tile_t, rel_tiles, tile_mask, token_rows,
+                        unrotate, window_origin, window_tokens)
 
 # Window geometry changes with every block shape; specializing on it (value 1, divisibility by 16) would compile
 # a new kernel per shape for no gain, so only strides and constexprs pick kernel variants.
@@ -308,13 +308,24 @@ def attn_bwd_dkdv(
             do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
                  mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
             lse, delta = _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w)
-            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
-            p = tl.math.exp2(s - lse[:, None])
-            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+            if HAS_REL:  # the transposed one-hot bias dots would serialize the loop instead (C7515)
+                s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                                a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+                p = tl.math.exp2(s - lse[:, None])
+                dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+                ds = p * (dp - delta[:, None])
+                dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+            else:
+                # Transposed (keys x queries) so both accumulating dots take their left operand straight from
+                # registers: p^T.do and ds^T.q without a register transpose (which ptxas serializes, C7515).
+                st = logits_tile_t(q, k, qk_scale, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                                   a0, b0, a1, b1, slope2, HAS_LH, PAD_MASK, PRECISION)
+                pt = tl.math.exp2(st - lse[None, :])
+                dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
+                dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+                dst = pt * (dpt - delta[None, :])
+                dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
 
     dk = dk * scale
     if HAS_ROPE:

@@ -157,3 +157,20 @@ def logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_g
     if PAD_MASK:
         keep = keep & (k_gvalid[None, :] | (q_gvalid[:, None] == 0))
     return tl.where(keep, s, float("-inf"))
+
+
+@triton.jit
+def logits_tile_t(q, k, qk_scale, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid, a0, b0, a1, b1, slope2,
+                  HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr, PRECISION: tl.constexpr):
+    """``logits_tile`` transposed, ``[BLOCK_N, BLOCK_M]`` (keys x queries), with the LookHere and padding terms
+    (the dK/dV pass without relpos)."""
+    s = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
+    keep = k_valid[:, None]
+    if HAS_LH:
+        dx = klx.to(tl.float32)[:, None] - qx[None, :]
+        dy = kly.to(tl.float32)[:, None] - qy[None, :]
+        s -= slope2 * tl.sqrt(dx * dx + dy * dy)
+        keep = keep & ((a0 * dx + b0 * dy) >= 0) & ((a1 * dx + b1 * dy) >= 0)
+    if PAD_MASK:
+        keep = keep & (k_gvalid[:, None] | (q_gvalid[None, :] == 0))
+    return tl.where(keep, s, float("-inf"))
