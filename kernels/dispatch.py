@@ -158,7 +158,33 @@ def _lookhere_inputs(lh, q_win, k_win, heads, blocks, device):
     else:  # no exact classes available: visit every tile (correct, just no skipping)
         cls = torch.full((heads, n_qt, n_kt), 2, dtype=torch.int8, device=device)
     return (fov.to(torch.int32).reshape(heads, 4).contiguous(), slopes.float().contiguous(),
-            cls.to(device=device, dtype=torch.int8).contiguous())
+            lookhere_tile_lists(cls.to(device=device)))
+
+
+_LISTS: dict = {}  # id(class table) -> (weakref to it, its version, the packed lists)
+
+
+def lookhere_tile_lists(cls: torch.Tensor) -> torch.Tensor:
+    """Compacted tile lists of a ``(heads, n_qt, n_kt)`` class table (0 = empty), packed in one int32 tensor:
+    ``[heads, n_qt, n_kt]`` visited key tiles of each query tile first (ascending), ``[heads, n_qt]`` their counts,
+    ``[heads, n_kt, n_qt]`` visited query tiles of each key tile, ``[heads, n_kt]`` their counts. The kernels loop
+    over the counts with uniform loops (a branch around the dots would turn the software pipeliner off). Cached
+    per class table (LookHere caches its tables per grid and tile shape)."""
+    import weakref
+
+    hit = _LISTS.get(id(cls))
+    if hit is not None and hit[0]() is cls and hit[1] == cls._version:
+        return hit[2]
+    visited = cls != 0
+    # stable sort of "empty" puts the visited tiles first, in ascending order
+    by_q = torch.sort(~visited, dim=-1, stable=True).indices.to(torch.int32)
+    by_k = torch.sort(~visited.transpose(1, 2), dim=-1, stable=True).indices.to(torch.int32)
+    packed = torch.cat([by_q.flatten(), visited.sum(-1, dtype=torch.int32).flatten(), by_k.flatten(),
+                        visited.sum(1, dtype=torch.int32).flatten()])
+    if len(_LISTS) > 256:
+        _LISTS.clear()
+    _LISTS[id(cls)] = (weakref.ref(cls), cls._version, packed)
+    return packed
 
 
 def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None, blocks=None):

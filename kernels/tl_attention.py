@@ -8,7 +8,9 @@ Shared arguments (see ``attention_fwd_bwd._kernel_args``):
   Q, K, V + strides (batch, row, col, head); LSE: fp32 ``(B, Hq, Wq, heads)`` base-2 log-sum-exp;
   COSQ/SINQ/COSK/SINK fp32 RoPE tables + (head, row) strides; REL packed ``[rel_h | rel_w]`` ``(B, Hq, Wq, heads,
   KH_P + KW_P)`` (zero-padded to the power-of-two extents, rel_w from column KH_P); FOV int32 ``(heads, 4)``
-  = (a0, b0, a1, b1), SLOPE fp32 ``(heads,)``, CLS int8 tile classes ``(heads, n_qt, n_kt)`` (0 = skip); window geometry (``QWH x QWW`` query window, ``KWH x KWW`` key window,
+  = (a0, b0, a1, b1), SLOPE fp32 ``(heads,)``, CLS int32 compacted LookHere tile lists (``lookhere_tile_lists``:
+  per query tile the visited key tiles first, per key tile the visited query tiles, and their counts); window
+  geometry (``QWH x QWW`` query window, ``KWH x KWW`` key window,
   pooling stride ``POOL``); padding extents ``QVH, QVW`` (queries) and ``KVH, KVW`` (keys) in grid tokens.
   Strides of q/k/v/o/do/dq/dk/dv arrive divided by ``SV`` (16 bytes in elements when every stride allows it, else
   1) and are multiplied back here: a constexpr factor tells the compiler they are multiples of 16 bytes (Triton
@@ -135,24 +137,28 @@ def attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for kt in range(0, n_kt):
-        visit = 1
+    n_visit = n_kt
+    if HAS_LH:  # a compacted list of the visited tiles: a uniform loop the pipeliner can overlap
+        heads = tl.num_programs(2)
+        n_lh = heads * n_qt * n_kt
+        n_visit = tl.load(CLS + n_lh + head * n_qt + qt)
+    for i in range(0, n_visit):
+        kt = i
         if HAS_LH:
-            visit = tl.load(CLS + (head * n_qt + qt) * n_kt + kt).to(tl.int32)
-        if visit != 0:
-            kly, klx, k_valid, k_gvalid, k, v = _key_tile(
-                K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
-                head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
-            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            # A row with every key masked so far keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.math.exp2(s - m_use[:, None])
-            alpha = tl.math.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+            kt = tl.load(CLS + (head * n_qt + qt) * n_kt + i)
+        kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+            K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
+            head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
+        s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                        a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # A row with every key masked so far keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
 
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -219,25 +225,29 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     drh = tl.zeros([BLOCK_M, KH_P], dtype=tl.float32)
     drw = tl.zeros([BLOCK_M, KW_P], dtype=tl.float32)
-    for kt in range(0, n_kt):
-        visit = 1
+    n_visit = n_kt
+    if HAS_LH:  # a compacted list of the visited tiles: a uniform loop the pipeliner can overlap
+        heads = tl.num_programs(2)
+        n_lh = heads * n_qt * n_kt
+        n_visit = tl.load(CLS + n_lh + head * n_qt + qt)
+    for i in range(0, n_visit):
+        kt = i
         if HAS_LH:
-            visit = tl.load(CLS + (head * n_qt + qt) * n_kt + kt).to(tl.int32)
-        if visit != 0:
-            kly, klx, k_valid, k_gvalid, k, v = _key_tile(
-                K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
-                head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
-            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
-            p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - delta[:, None])  # gradient of the natural-unit logits
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-            if HAS_REL:
-                eh = (kly[:, None] == tl.arange(0, KH_P)[None, :]).to(tl.float32)  # [BLOCK_N, KH_P]
-                ew = (klx[:, None] == tl.arange(0, KW_P)[None, :]).to(tl.float32)
-                drh += tl.dot(ds, eh, input_precision=REL_PRECISION)
-                drw += tl.dot(ds, ew, input_precision=REL_PRECISION)
+            kt = tl.load(CLS + (head * n_qt + qt) * n_kt + i)
+        kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+            K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
+            head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
+        s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                        a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+        p = tl.math.exp2(s - lse[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+        ds = p * (dp - delta[:, None])  # gradient of the natural-unit logits
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+        if HAS_REL:
+            eh = (kly[:, None] == tl.arange(0, KH_P)[None, :]).to(tl.float32)  # [BLOCK_N, KH_P]
+            ew = (klx[:, None] == tl.arange(0, KW_P)[None, :]).to(tl.float32)
+            drh += tl.dot(ds, eh, input_precision=REL_PRECISION)
+            drw += tl.dot(ds, ew, input_precision=REL_PRECISION)
 
     dq = dq * scale
     if HAS_ROPE:
@@ -296,36 +306,40 @@ def attn_bwd_dkdv(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    for qt in range(0, n_qt):
-        visit = 1
+    n_visit = n_qt
+    if HAS_LH:  # a compacted list of the visited tiles: a uniform loop the pipeliner can overlap
+        heads = tl.num_programs(2)
+        n_lh = heads * n_qt * n_kt
+        n_visit = tl.load(CLS + 2 * n_lh + heads * n_qt + head * n_kt + kt)
+    for i in range(0, n_visit):
+        qt = i
         if HAS_LH:
-            visit = tl.load(CLS + (head * n_qt + qt) * n_kt + kt).to(tl.int32)
-        if visit != 0:
-            tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
-                Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL, COSQ, SINQ, head * cq_n, cq_t,
-                REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL,
-                KH_P, KW_P, PAD_MASK)
-            do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
-                 mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
-            lse, delta = _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w)
-            if HAS_REL:  # the transposed one-hot bias dots would serialize the loop instead (C7515)
-                s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                                a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
-                p = tl.math.exp2(s - lse[:, None])
-                dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-                dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-                ds = p * (dp - delta[:, None])
-                dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
-            else:
-                # Transposed (keys x queries) so both accumulating dots take their left operand straight from
-                # registers: p^T.do and ds^T.q without a register transpose (which ptxas serializes, C7515).
-                st = logits_tile_t(q, k, qk_scale, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                                   a0, b0, a1, b1, slope2, HAS_LH, PAD_MASK, PRECISION)
-                pt = tl.math.exp2(st - lse[None, :])
-                dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
-                dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-                dst = pt * (dpt - delta[None, :])
-                dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
+            qt = tl.load(CLS + n_lh + heads * n_qt + (head * n_kt + kt) * n_qt + i)
+        tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
+            Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL, COSQ, SINQ, head * cq_n, cq_t,
+            REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL,
+            KH_P, KW_P, PAD_MASK)
+        do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
+             mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
+        lse, delta = _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w)
+        if HAS_REL:  # the transposed one-hot bias dots would serialize the loop instead (C7515)
+            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+            p = tl.math.exp2(s - lse[:, None])
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
+            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+        else:
+            # Transposed (keys x queries) so both accumulating dots take their left operand straight from
+            # registers: p^T.do and ds^T.q without a register transpose (which ptxas serializes, C7515).
+            st = logits_tile_t(q, k, qk_scale, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                               a0, b0, a1, b1, slope2, HAS_LH, PAD_MASK, PRECISION)
+            pt = tl.math.exp2(st - lse[None, :])
+            dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
+            dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+            dst = pt * (dpt - delta[None, :])
+            dk += tl.dot(dst.to(q.dtype), q, input_precision=PRECISION)
 
     dk = dk * scale
     if HAS_ROPE:
