@@ -145,7 +145,7 @@ def test_shapes_config_trains_a_step(path, tmp_path):
 
 
 def test_strict_overrides():
-    path = CONFIGS / "shapes" / "mask_rcnn_vitdet_toy_original.py"
+    path = CONFIGS / "shapes" / "mask_rcnn_vitdet_toy_abs_relpos.py"
     cfg = load_config(path, ["train.max_iter=7", "optimizer.lr=0.5", "model.backbone.net.use_checkpoint=true",
                              "+train.my_note=hello", "dataloader.train.total_batch_size=2"])
     assert cfg.train.max_iter == 7 and cfg.optimizer.lr == 0.5 and cfg.train.my_note == "hello"
