@@ -47,6 +47,25 @@ def _head_fov(FOV, SLOPE, head, HAS_LH: tl.constexpr):
 
 
 @triton.jit
+def _visit_count(CLS, at, n_all, HAS_LH: tl.constexpr):
+    """How many tiles a program's loop visits: all ``n_all``, or with LookHere the count its compacted tile list
+    stores at ``CLS[at]`` (a uniform loop over only the visited tiles, which the pipeliner can overlap)."""
+    n = n_all
+    if HAS_LH:
+        n = tl.load(CLS + at)
+    return n
+
+
+@triton.jit
+def _visit_tile(CLS, at, i, HAS_LH: tl.constexpr):
+    """The tile of the loop's ``i``-th step: ``i`` itself, or with LookHere entry ``i`` of the list at ``CLS[at]``."""
+    t = i
+    if HAS_LH:
+        t = tl.load(CLS + at + i)
+    return t
+
+
+@triton.jit
 def _key_tile(K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW,
               COSK, SINK, k_tab0, ck_t, offs_d,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr, HALF: tl.constexpr,
@@ -137,15 +156,9 @@ def attn_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    n_visit = n_kt
-    if HAS_LH:  # a compacted list of the visited tiles: a uniform loop the pipeliner can overlap
-        heads = tl.num_programs(2)
-        n_lh = heads * n_qt * n_kt
-        n_visit = tl.load(CLS + n_lh + head * n_qt + qt)
-    for i in range(0, n_visit):
-        kt = i
-        if HAS_LH:
-            kt = tl.load(CLS + (head * n_qt + qt) * n_kt + i)
+    n_lh = tl.num_programs(2) * n_qt * n_kt  # query-major LookHere lists: n_lh entries, then one count per row
+    for i in range(0, _visit_count(CLS, n_lh + head * n_qt + qt, n_kt, HAS_LH)):
+        kt = _visit_tile(CLS, (head * n_qt + qt) * n_kt, i, HAS_LH)
         kly, klx, k_valid, k_gvalid, k, v = _key_tile(
             K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
             head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
@@ -225,15 +238,9 @@ def attn_bwd_dq(
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     drh = tl.zeros([BLOCK_M, KH_P], dtype=tl.float32)
     drw = tl.zeros([BLOCK_M, KW_P], dtype=tl.float32)
-    n_visit = n_kt
-    if HAS_LH:  # a compacted list of the visited tiles: a uniform loop the pipeliner can overlap
-        heads = tl.num_programs(2)
-        n_lh = heads * n_qt * n_kt
-        n_visit = tl.load(CLS + n_lh + head * n_qt + qt)
-    for i in range(0, n_visit):
-        kt = i
-        if HAS_LH:
-            kt = tl.load(CLS + (head * n_qt + qt) * n_kt + i)
+    n_lh = tl.num_programs(2) * n_qt * n_kt  # query-major LookHere lists: n_lh entries, then one count per row
+    for i in range(0, _visit_count(CLS, n_lh + head * n_qt + qt, n_kt, HAS_LH)):
+        kt = _visit_tile(CLS, (head * n_qt + qt) * n_kt, i, HAS_LH)
         kly, klx, k_valid, k_gvalid, k, v = _key_tile(
             K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
             head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
@@ -306,15 +313,10 @@ def attn_bwd_dkdv(
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-    n_visit = n_qt
-    if HAS_LH:  # a compacted list of the visited tiles: a uniform loop the pipeliner can overlap
-        heads = tl.num_programs(2)
-        n_lh = heads * n_qt * n_kt
-        n_visit = tl.load(CLS + 2 * n_lh + heads * n_qt + head * n_kt + kt)
-    for i in range(0, n_visit):
-        qt = i
-        if HAS_LH:
-            qt = tl.load(CLS + n_lh + heads * n_qt + (head * n_kt + kt) * n_qt + i)
+    heads = tl.num_programs(2)
+    n_lh = heads * n_qt * n_kt  # key-major LookHere lists follow the query-major block and its counts
+    for i in range(0, _visit_count(CLS, 2 * n_lh + heads * n_qt + head * n_kt + kt, n_qt, HAS_LH)):
+        qt = _visit_tile(CLS, n_lh + heads * n_qt + (head * n_kt + kt) * n_qt, i, HAS_LH)
         tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
             Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL, COSQ, SINQ, head * cq_n, cq_t,
             REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL,
