@@ -12,7 +12,7 @@ window_attention`` raises ImportError), so ``winpos.attention`` falls back to it
 import importlib.util
 
 from .attention_fwd_bwd import Plan, WindowAttentionFunction, attention_flops, default_blocks
-from .rope import RopeGridFunction, rope_grid, rope_grid_reference
+from .rope import RopeGridFunction, rope_grid, rotate_on_grid
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
@@ -26,4 +26,4 @@ else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["Plan", "RopeGridFunction", "TRITON_INSTALLED", "WindowAttentionFunction", "attention_flops",
-           "default_blocks", "prefers_kernels", "rope_grid", "rope_grid_reference", "window_attention"]
+           "default_blocks", "prefers_kernels", "rope_grid", "rotate_on_grid", "window_attention"]

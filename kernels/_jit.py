@@ -14,6 +14,7 @@ import os
 import threading
 
 import torch
+from torch.utils import _python_dispatch
 
 _LOCK = threading.Lock()
 _MODE = None  # interpreting(), once known (fixed for the process at the first ``import triton``)
@@ -132,6 +133,14 @@ def launch(kernel, grid, **kwargs) -> None:
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = old
+
+
+def eager(t: torch.Tensor) -> bool:
+    """Whether a call on ``t`` may launch directly instead of through its custom op: plain tensors, no tracing
+    (torch.compile, make_fx, fake or functional modes need the op and its fake implementation). The op's
+    dispatch costs more host time than the rest of the call."""
+    return (type(t) is torch.Tensor and not torch.compiler.is_compiling()
+            and _python_dispatch._get_current_dispatch_mode() is None)
 
 
 def check_launchable(*tensors: torch.Tensor) -> bool:

@@ -7,14 +7,15 @@ Ops (namespace ``winpos``; each has a fake/meta implementation so ``torch.compil
 * ``winpos::window_attention_bwd(do, q, k, v, out, lse, cos_q, ..., tile_cls, geom, scale)
   -> (dq, dk, dv, drel)``
 
-``geom`` is :class:`Plan` as a list of ints. ``WindowAttentionFunction`` chains them for autograd; the user
-entry point with validation and position-term preparation is ``winpos.kernels.window_attention``.
+``geom`` is :class:`Plan` as a list of ints. ``WindowAttentionFunction`` is the one differentiable entry: it
+launches the kernels directly in eager mode and calls the ops under tracing, which therefore have no autograd of
+their own. The user entry point with validation and position-term preparation is
+``winpos.kernels.window_attention``.
 """
 from typing import NamedTuple, Optional
 
 import torch
 from torch import Tensor
-from torch.utils import _python_dispatch
 
 from . import _jit
 
@@ -281,36 +282,11 @@ def _(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
 
 
-def _eager(t: Tensor) -> bool:
-    """Whether a call on ``t`` may launch directly instead of through the custom op: plain tensors, no tracing
-    (torch.compile, make_fx, fake or functional modes need the op and its fake implementation). The op's
-    dispatch costs more host time than the rest of the call."""
-    return (type(t) is Tensor and not torch.compiler.is_compiling()
-            and _python_dispatch._get_current_dispatch_mode() is None)
-
-
-def _attention_backward(saved, geom, scale, do, rel_needs_grad, direct=False):
+def _attention_backward(saved, geom, scale, do, rel_needs_grad):
     q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls = saved
-    bwd = _launch_bwd if direct and _eager(do) else torch.ops.winpos.window_attention_bwd
+    bwd = _launch_bwd if _jit.eager(do) else torch.ops.winpos.window_attention_bwd
     dq, dk, dv, drel = bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
     return dq, dk, dv, (drel if rel is not None and rel_needs_grad else None)
-
-
-def _setup_fwd_op(ctx, inputs, output):
-    q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale = inputs
-    out, lse = output
-    ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls)
-    ctx.geom, ctx.scale = geom, scale
-
-
-def _backward_fwd_op(ctx, do, _dlse):
-    dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, True)
-    return dq, dk, dv, None, None, None, None, drel, None, None, None, None, None
-
-
-# The op itself is differentiable (opcheck, torch.compile); only out has a gradient, lse is an auxiliary output.
-window_attention_fwd.register_autograd(_backward_fwd_op, setup_context=_setup_fwd_op)
 
 
 class WindowAttentionFunction(torch.autograd.Function):
@@ -323,8 +299,8 @@ class WindowAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls, geom, scale):
-        # (autograd.Function.forward runs without grad.) Eager: a direct launch (see _eager).
-        fwd = _launch_fwd if _eager(q) else torch.ops.winpos.window_attention_fwd
+        # (autograd.Function.forward runs without grad.) Eager: a direct launch (see _jit.eager).
+        fwd = _launch_fwd if _jit.eager(q) else torch.ops.winpos.window_attention_fwd
         out, lse = fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
         ctx.save_for_backward(q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls)
         ctx.geom, ctx.scale = geom, scale
@@ -332,8 +308,7 @@ class WindowAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3],
-                                               direct=True)
+        dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3])
         return dq, dk, dv, drel, *([None] * 9)
 
 

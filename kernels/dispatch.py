@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 
 from .attention_fwd_bwd import Plan, WindowAttentionFunction, _pow2, default_blocks
-from .rope import rope_grid_reference
+from .rope import rotate_on_grid
+from winpos.windows import PAD_MODES, attention_groups
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 MIN_HEAD_DIM, MAX_HEAD_DIM = 16, 128
-PAD_MODES = ("zeros", "mask")
 
 
 def fast_inputs(dtype: torch.dtype, head_dim: int, v_like_k: bool) -> bool:
@@ -62,26 +62,6 @@ def _check_qkv(q, k, v) -> None:
         raise ValueError(f"empty input: q {tuple(q.shape)}, k {tuple(k.shape)}")
 
 
-def _geometry(q_hw, k_hw, window):
-    """(n_wh, n_ww, q window (h, w), k window (h, w), pool stride); same rules as the reference."""
-    (Hq, Wq), (Hk, Wk) = q_hw, k_hw
-    if Hk % Hq or Wk % Wq or Hk // Hq != Wk // Wq:
-        raise ValueError(f"query grid {Hq}x{Wq} must be the key grid {Hk}x{Wk} pooled by one integer stride "
-                         "(Hiera q-pooling)")
-    pool = Hk // Hq
-    if window is None or window == 0:
-        return 1, 1, (Hq, Wq), (Hk, Wk), pool
-    if not isinstance(window, int) or window < 0:
-        raise ValueError(f"window={window!r} must be a positive int, or None/0 for global attention")
-    if window % pool:
-        raise ValueError(f"window {window} is not divisible by the query pooling stride {pool}")
-    if Hk % window or Wk % window:
-        raise ValueError(f"window_size={window} does not tile the {Hk}x{Wk} token grid; pad the grid with "
-                         "winpos.windows.pad_to_window first (the backbones do) or choose a window that divides it")
-    qw = window // pool
-    return Hk // window, Wk // window, (qw, qw), (window, window), pool
-
-
 def _padding(pad_mode, valid_hw, k_hw, pool):
     """(pad_mask, qvh, qvw, kvh, kvw)."""
     if pad_mode not in PAD_MODES:
@@ -112,8 +92,8 @@ def _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside):
             raise ValueError(f"RoPE tables are on {tab.device} but q is on {q.device}; move the RoPE module too")
     learnable = torch.is_grad_enabled() and any(x.requires_grad for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
     if rotate_outside or learnable:
-        q = rope_grid_reference(q, t.cos_q, t.sin_q, t.rot_dims, t.pairing, q_win)
-        k = rope_grid_reference(k, t.cos_k, t.sin_k, t.rot_dims, t.pairing, k_win)
+        q = rotate_on_grid(q, t.cos_q, t.sin_q, t.rot_dims, t.pairing, q_win)
+        k = rotate_on_grid(k, t.cos_k, t.sin_k, t.rot_dims, t.pairing, k_win)
         return None, q, k
     tabs = tuple(x.detach().float().contiguous() for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
     return (*tabs, t.rot_dims, t.pairing == "half"), q, k
@@ -208,7 +188,7 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     """
     _check_qkv(q, k, v)
     q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
-    n_wh, n_ww, q_win, k_win, pool = _geometry(q_hw, k_hw, window)
+    n_wh, n_ww, q_win, k_win, pool = attention_groups(q_hw, k_hw, window)
     pad_mask, qvh, qvw, kvh, kvw = _padding(pad_mode, valid_hw, k_hw, pool)
     B, heads, D = q.shape[0], q.shape[3], q.shape[4]
     scale = D ** -0.5 if scale is None else float(scale)

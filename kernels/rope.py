@@ -6,13 +6,18 @@ index inside its ``window_hw`` window (the whole grid for global attention), so 
 tables follow ``winpos.posemb.rope.RopeTables``: fp32 ``(N, R/2)`` shared or ``(heads, N, R/2)`` per head, N the
 tokens of one window; pairing ``"half"`` (j, j + R/2) or ``"interleaved"`` (2j, 2j + 1); dims >= R pass through.
 
-The Triton op (``winpos::rope_grid``) gives gradients for x only. ``rope_grid`` picks the PyTorch path when a
-table requires grad, so learnable frequencies get exact gradients through autograd (cos/sin -> angles -> freqs).
+One differentiable entry, ``RopeGridFunction`` (gradient for x only: the transpose of a rotation is the opposite
+rotation); in eager mode it launches the kernel directly, under tracing (torch.compile) through the custom op
+``winpos::rope_grid``, which has a fake implementation and no autograd of its own. ``rope_grid`` picks the PyTorch
+path of ``winpos.posemb.rope`` when a table requires grad, so learnable frequencies get exact gradients through
+autograd (cos/sin -> angles -> freqs).
 """
 from typing import Optional
 
 import torch
 from torch import Tensor
+
+from winpos.posemb.rope import rotate_grid, spread_table
 
 from . import _jit
 
@@ -50,27 +55,13 @@ def check_rope_inputs(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairin
     return wh, ww
 
 
-def rope_grid_reference(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairing: str,
-                        window_hw=None) -> Tensor:
-    """Differentiable PyTorch RoPE on the grid; same arithmetic as ``winpos.posemb.rope.apply_rope`` (rotation in
-    at least fp32, one rounding to x's dtype). Returns ``(B, H, W, heads, D)``."""
-    wh, ww = check_rope_inputs(x, cos, sin, rot_dims, pairing, window_hw)
-    B, H, W, heads, D = x.shape
-    compute = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
-    half = rot_dims // 2
-
-    def on_grid(t: Tensor) -> Tensor:  # table -> broadcastable (1, 1, wh, 1, ww, heads|1, R/2)
-        t = t.to(compute)
-        t = t.reshape(wh, ww, 1, half) if t.dim() == 2 else t.reshape(t.shape[0], wh, ww, half).permute(1, 2, 0, 3)
-        return t[None, None, :, None]
-
-    c, s = on_grid(cos), on_grid(sin)
-    xr = x[..., :rot_dims].reshape(B, H // wh, wh, W // ww, ww, heads, rot_dims).to(compute)
-    a, b = (xr[..., 0::2], xr[..., 1::2]) if pairing == "interleaved" else (xr[..., :half], xr[..., half:])
-    ra, rb = a * c - b * s, b * c + a * s
-    rot = torch.stack([ra, rb], dim=-1).flatten(-2) if pairing == "interleaved" else torch.cat([ra, rb], dim=-1)
-    rot = rot.reshape(B, H, W, heads, rot_dims).to(x.dtype)
-    return rot if rot_dims == D else torch.cat([rot, x[..., rot_dims:]], dim=-1)
+def rotate_on_grid(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairing: str, window_hw) -> Tensor:
+    """Differentiable PyTorch RoPE on the grid with per-window tables: ``winpos.posemb.rope``'s ``rotate_grid``
+    (rotation in at least fp32, one rounding to x's dtype), the tables spread over the grid by ``spread_table``.
+    Returns ``(B, H, W, heads, D)``; gradients reach x and the tables."""
+    grid_hw = tuple(x.shape[1:3])
+    return rotate_grid(x, spread_table(cos, window_hw, grid_hw), spread_table(sin, window_hw, grid_hw), rot_dims,
+                       pairing)
 
 
 def _launch(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, half: bool, window_h: int, window_w: int,
@@ -109,21 +100,9 @@ def _(x, cos, sin, rot_dims, half, window_h, window_w, conjugate):
     return x.new_empty(x.shape)
 
 
-def _setup_rope_op(ctx, inputs, output):
-    x, cos, sin, rot_dims, half, window_h, window_w, conjugate = inputs
-    ctx.save_for_backward(cos, sin)
-    ctx.args = (rot_dims, half, window_h, window_w, conjugate)
-
-
-def _backward_rope_op(ctx, dy):
-    cos, sin = ctx.saved_tensors
-    rot_dims, half, window_h, window_w, conjugate = ctx.args
-    dx = torch.ops.winpos.rope_grid(dy, cos, sin, rot_dims, half, window_h, window_w, not conjugate)
-    return dx, None, None, None, None, None, None, None
-
-
-# Differentiable in x (the transpose of a rotation is the opposite rotation); the tables get no gradient.
-rope_grid_op.register_autograd(_backward_rope_op, setup_context=_setup_rope_op)
+def _rope_op(t: Tensor):
+    """The direct launch for plain tensors in eager mode, the custom op under tracing (see ``_jit.eager``)."""
+    return _launch if _jit.eager(t) else torch.ops.winpos.rope_grid
 
 
 class RopeGridFunction(torch.autograd.Function):
@@ -133,13 +112,12 @@ class RopeGridFunction(torch.autograd.Function):
     def forward(ctx, x, cos, sin, rot_dims, half, window_h, window_w):
         ctx.save_for_backward(cos, sin)
         ctx.args = (rot_dims, half, window_h, window_w)
-        with torch.no_grad():
-            return torch.ops.winpos.rope_grid(x, cos, sin, rot_dims, half, window_h, window_w, False)
+        return _rope_op(x)(x, cos, sin, rot_dims, half, window_h, window_w, False)
 
     @staticmethod
     def backward(ctx, dy):
         cos, sin = ctx.saved_tensors
-        dx = torch.ops.winpos.rope_grid(dy, cos, sin, *ctx.args, True)
+        dx = _rope_op(dy)(dy, cos, sin, *ctx.args, True)
         return dx, None, None, None, None, None, None
 
 
@@ -159,7 +137,7 @@ def rope_grid(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairing: str, 
     learnable = torch.is_grad_enabled() and (cos.requires_grad or sin.requires_grad)
     backend = backend or ("torch" if learnable else "triton")
     if backend == "torch":
-        return rope_grid_reference(x, cos, sin, rot_dims, pairing, (wh, ww))
+        return rotate_on_grid(x, cos, sin, rot_dims, pairing, (wh, ww))
     if backend != "triton":
         raise ValueError(f"unknown backend={backend!r}; choose 'triton', 'torch' or None")
     if learnable:

@@ -11,9 +11,35 @@ import torch
 import torch.nn.functional as F
 from winpos.errors import WinposError
 
-__all__ = ["PAD_MODES", "pad_to_window", "padded_size", "valid_key_mask", "window_partition", "window_unpartition"]
+__all__ = ["PAD_MODES", "attention_groups", "pad_to_window", "padded_size", "valid_key_mask", "window_partition", "window_unpartition"]
 
 PAD_MODES = ("zeros", "mask")
+
+
+def attention_groups(q_hw, k_hw, window):
+    """How a ``q_hw`` query grid attends to a ``k_hw`` key grid in ``window`` windows (None/0: one global group).
+
+    Returns ``(n_wh, n_ww, q_window, k_window, pool)``: windows per column and row, the query and key window
+    ``(h, w)`` in tokens (the whole grids for global attention) and the query pooling stride (Hiera q-pool). The
+    one rule set of the reference path and the Triton kernels: the query grid is the key grid pooled by one
+    integer stride, the stride divides the window and the window tiles the (padded) key grid.
+    """
+    (Hq, Wq), (Hk, Wk) = q_hw, k_hw
+    if Hk % Hq or Wk % Wq or Hk // Hq != Wk // Wq:
+        raise WinposError(f"query grid {Hq}x{Wq} must be the key grid {Hk}x{Wk} pooled by one integer stride "
+                          "(Hiera q-pooling)")
+    pool = Hk // Hq
+    if window is None or window == 0:
+        return 1, 1, (Hq, Wq), (Hk, Wk), pool
+    if not isinstance(window, int) or window < 0:
+        raise WinposError(f"window={window!r} must be a positive int, or None/0 for global attention")
+    if window % pool:
+        raise WinposError(f"window {window} is not divisible by the query pooling stride {pool}")
+    if Hk % window or Wk % window:
+        raise WinposError(f"window_size={window} does not tile the {Hk}x{Wk} token grid; pad the grid with "
+                          "winpos.windows.pad_to_window first (the backbones do) or choose a window that divides it")
+    qw = window // pool
+    return Hk // window, Wk // window, (qw, qw), (window, window), pool
 
 
 def padded_size(size: int, window: int) -> int:

@@ -12,7 +12,7 @@ from torch.library import opcheck
 
 from tests.kernels.helpers import DEVICE
 from winpos.attention import PositionTerms, attention, reference_attention
-from winpos.kernels import Plan, window_attention
+from winpos.kernels import Plan, rope_grid, window_attention
 from winpos.posemb.lookhere import LookHere
 from winpos.posemb.rope import RoPE
 
@@ -95,15 +95,44 @@ def test_lookhere_tiles_are_skipped_from_the_class_table(device):
 
 
 def test_custom_ops_pass_opcheck(device):
-    q, k, v = (t.requires_grad_() for t in _qkv(H=4, W=4, heads=1, D=16))
+    """The ops are the tracing primitives (schema, fake implementation); autograd is WindowAttentionFunction's and
+    RopeGridFunction's alone, so the ops are checked on tensors that need no grad."""
+    q, k, v = _qkv(H=4, W=4, heads=1, D=16)
     geom = Plan(1, 1, 4, 4, 4, 4, 1, 4, 4, 4, 4, 0, 0, 0, 16, 16).as_list()
     nones = (None,) * 8
     opcheck(torch.ops.winpos.window_attention_fwd.default, (q, k, v, *nones, geom, 0.25))
-    out, lse = torch.ops.winpos.window_attention_fwd(q.detach(), k.detach(), v.detach(), *nones, geom, 0.25)
+    out, lse = torch.ops.winpos.window_attention_fwd(q, k, v, *nones, geom, 0.25)
     opcheck(torch.ops.winpos.window_attention_bwd.default,
-            (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out, lse, *nones, geom, 0.25))
+            (torch.randn_like(out), q, k, v, out, lse, *nones, geom, 0.25))
     t = RoPE(16, 1).to(device).tables((4, 4), (4, 4))
     opcheck(torch.ops.winpos.rope_grid.default, (q, t.cos_k, t.sin_k, t.rot_dims, True, 4, 4, False))
+
+
+def test_one_autograd_path_traces_under_compile(device):
+    """torch.compile (fullgraph, aot_eager: the autograd.Function and the custom ops traced, no code generation)
+    gives the eager kernels' outputs and gradients, window attention with RoPE and the RoPE grid op alike."""
+    q, k, v = (t.requires_grad_() for t in _qkv(H=8, W=8, heads=2, D=16))
+    rope = RoPE(16, 2).to(device)
+    pos = PositionTerms(rope=rope)
+
+    def attend(q, k, v):
+        return window_attention(q, k, v, window=4, pos=pos)
+
+    def rotate(x):
+        t = rope.tables((4, 4), (4, 4))
+        return rope_grid(x, t.cos_k, t.sin_k, t.rot_dims, t.pairing, (4, 4))
+
+    for fn, args in ((attend, (q, k, v)), (rotate, (q,))):
+        out = fn(*args)
+        torch._dynamo.reset()
+        out_c = torch.compile(fn, fullgraph=True, backend="aot_eager")(*args)
+        torch.testing.assert_close(out_c, out, atol=0, rtol=0)
+        g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, args, g)
+        grads_c = torch.autograd.grad(out_c, args, g)
+        for a, b in zip(grads_c, grads):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    torch._dynamo.reset()
 
 
 def test_winpos_attention_dispatches_to_the_kernels(device):
@@ -206,3 +235,22 @@ def test_auto_backend_sends_slow_or_refused_inputs_to_the_reference():
     assert not fast_inputs(torch.float16, 64, False)
     q = torch.zeros(1, 4, 4, 1, 16, dtype=torch.float64)
     assert prefers_kernels(q, q, q)
+
+
+def test_resolve_backend_is_where_auto_asks_prefers_kernels(monkeypatch):
+    """The backend is decided in one place: ``resolve_backend("auto", cuda, qkv)`` asks ``prefers_kernels`` about the
+    projected q, k, v; without qkv (the backbone's windowing choice, before the projections) or when forced, it does
+    not; off CUDA "auto" is the reference."""
+    import winpos.kernels
+    from winpos.attention import resolve_backend
+
+    monkeypatch.delenv("WINPOS_ATTENTION_BACKEND", raising=False)
+    cuda, q = torch.device("cuda"), torch.zeros(1, 4, 4, 1, 16)
+    asked = []
+    for verdict, want in ((False, "reference"), (True, "triton")):
+        monkeypatch.setattr(winpos.kernels, "prefers_kernels", lambda *t, v=verdict: asked.append(len(t)) or v)
+        assert resolve_backend("auto", cuda, (q, q, q)) == want
+        assert resolve_backend("auto", cuda) == "triton"
+        assert resolve_backend("triton", cuda, (q, q, q)) == "triton"
+        assert resolve_backend("auto", torch.device("cpu"), (q, q, q)) == "reference"
+    assert asked == [3, 3]

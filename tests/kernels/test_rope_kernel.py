@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.kernels.helpers import DEVICE, TOL
-from winpos.kernels import rope_grid, rope_grid_reference
+from winpos.kernels import rope_grid, rotate_on_grid
 from winpos.posemb.rope import RoPE, apply_rope
 from winpos.windows import window_partition, window_unpartition
 
@@ -45,8 +45,8 @@ def test_rope_kernel_matches_apply_rope(grid, heads, head_dim, window, kwargs, d
     (dx,) = torch.autograd.grad(y, x, g)
     (dx_ref,) = torch.autograd.grad(y_ref, x_ref, g.double())
     torch.testing.assert_close(dx.double(), dx_ref, atol=TOL[dtype], rtol=TOL[dtype])
-    # The PyTorch grid path used for learnable tables agrees too.
-    torch.testing.assert_close(rope_grid_reference(x, cos, sin, t.rot_dims, t.pairing, win).double(), y_ref,
+    # The PyTorch grid path used for learnable tables (winpos.posemb.rope's rotate_grid) agrees too.
+    torch.testing.assert_close(rotate_on_grid(x, cos, sin, t.rot_dims, t.pairing, win).double(), y_ref,
                                atol=TOL[dtype], rtol=TOL[dtype])
 
 

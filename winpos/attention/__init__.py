@@ -32,15 +32,27 @@ __all__ = ["BACKENDS", "PositionTerms", "attention", "dense_attention", "referen
 BACKENDS = ("auto", "reference", "triton")
 
 
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """``"reference"`` or ``"triton"`` for ``backend`` (``"auto"``: Triton on CUDA when installed; the
-    ``WINPOS_ATTENTION_BACKEND`` environment variable overrides ``"auto"``)."""
+def resolve_backend(backend: str, device: torch.device, qkv=None) -> str:
+    """``"reference"`` or ``"triton"`` for ``backend``; the one place the backend is decided.
+
+    ``"auto"``: Triton on CUDA when installed, the reference elsewhere; the ``WINPOS_ATTENTION_BACKEND`` environment
+    variable overrides ``"auto"``. With ``qkv`` (the projected q, k, v) given, ``"auto"`` on CUDA also sends inputs
+    the kernels do not take fast (fp32, fp64, head dims outside 16..128; ``winpos.kernels.prefers_kernels``) to the
+    reference instead of a slow path or an error. A forced ``"triton"`` is never overridden.
+    """
     from winpos.kernels import TRITON_INSTALLED
 
-    backend = os.environ.get("WINPOS_ATTENTION_BACKEND", backend) if backend == "auto" else backend
+    auto = backend == "auto"
+    backend = os.environ.get("WINPOS_ATTENTION_BACKEND", backend) if auto else backend
     check_choice("attention backend", backend, BACKENDS)
     if backend == "auto":
-        return "triton" if device.type == "cuda" and TRITON_INSTALLED else "reference"
+        if device.type != "cuda" or not TRITON_INSTALLED:
+            return "reference"
+        if qkv is not None:
+            from winpos.kernels import prefers_kernels
+
+            return "triton" if prefers_kernels(*qkv) else "reference"
+        return "triton"
     if backend == "triton" and not TRITON_INSTALLED:
         raise WinposError("backend='triton' was forced but winpos.kernels could not be imported; install triton")
     return backend
@@ -65,11 +77,8 @@ def attention(q, k, v, *, window=None, pos: PositionTerms | None = None, valid_h
     """
     check_inputs(q, k, v)
     check_choice("pad_mode", pad_mode, PAD_MODES)
-    if resolve_backend(backend, q.device) == "triton":
-        from winpos.kernels import prefers_kernels, window_attention as triton_attention
+    if resolve_backend(backend, q.device, (q, k, v)) == "triton":
+        from winpos.kernels import window_attention as triton_attention
 
-        # "auto" on CUDA sends fp32/fp64/unsupported head dims to the reference (slow path or refusal otherwise)
-        if backend != "auto" or prefers_kernels(q, k, v):
-            return triton_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode,
-                                    scale=scale)
+        return triton_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
     return reference_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)

@@ -1,8 +1,8 @@
 """How q and k grids split into attention groups (windows, or one global group), and the padding mask.
 
-The rules (an integer query pooling stride, a window that the stride divides and that tiles the grid) are the
-kernels' own: ``geometry`` reads ``winpos.kernels.dispatch``'s, so the reference and the Triton path can never
-disagree on which inputs they accept.
+The rules (an integer query pooling stride, a window that the stride divides and that tiles the grid) are
+``winpos.windows.attention_groups``, which the Triton kernels' dispatch uses too, so the reference and the Triton
+path can never disagree on which inputs they accept.
 """
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from winpos.kernels.dispatch import _geometry as kernel_geometry
-from winpos.windows import valid_key_mask, window_partition, window_unpartition
+from winpos.windows import attention_groups, valid_key_mask, window_partition, window_unpartition
 
 __all__ = ["Geometry", "from_groups", "geometry", "padding_mask", "to_groups"]
 
@@ -27,7 +26,7 @@ class Geometry:
 
 def geometry(q_hw, k_hw, window) -> Geometry:
     """The groups of a ``q_hw`` query grid attending to a ``k_hw`` key grid in ``window`` windows (None/0: global)."""
-    _, _, q_win, k_win, _ = kernel_geometry(tuple(q_hw), tuple(k_hw), window)
+    _, _, q_win, k_win, _ = attention_groups(tuple(q_hw), tuple(k_hw), window)
     return Geometry(q_win, k_win, bool(window))
 
 

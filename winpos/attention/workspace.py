@@ -1,7 +1,7 @@
 """The reference path's reused CPU mask buffer: one per thread and dtype, at most ``RELPOS_CHUNK_BYTES`` each.
 
 A fresh allocation this large is mmap'ed and page-faulted on every call; writing each block of the bias into one
-reused buffer avoids that (docs/performance.md has the measurement). ``release_workspace`` frees this thread's
+reused buffer avoids that (docs/benchmarks.md has the measurement). ``release_workspace`` frees this thread's
 buffers. On CUDA the caching allocator already reuses memory, so a plain allocation is returned.
 """
 from __future__ import annotations
