@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The main job on the embedded default (CPU, about 10 minutes on 2 cores): the short form of tools/reproduce.py.
+"""The main job on the embedded default (CPU, about 12 minutes on 2 cores): the short form of tools/reproduce.py.
 
 Starts from the stage-1 checkpoint shipped in tools/checkpoints/ (a small HieraDet Mask R-CNN pretrained at 64 px
 with a learned absolute embedding under window attention; its command, seed and SHA-256 in the manifest next to
@@ -7,7 +7,7 @@ it), finetunes it at 2x its token grid (its 64 px images upscaled to 128 px) wit
 interpolated and (b) converted exactly to abs-win on import, plus a four-class finetune of (b), evaluates box /
 mask AP with pycocotools and prints the table and where the plots are.
 
-    python tools/run_demo.py [--output output/demo] [--iters 300] [--seeds 0] [--workers 2] [--no-four-class]
+    python tools/run_demo.py [--output output/demo] [--iters 400] [--seeds 0] [--workers 2] [--no-four-class]
 
 Re-running skips finished runs and resumes interrupted ones.
 """
@@ -28,7 +28,9 @@ def main(argv=None):
 
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="output/demo")
-    p.add_argument("--iters", type=positive_int, default=300, help="finetuning iterations per run (batch 8)")
+    p.add_argument("--iters", type=positive_int, default=400,
+                   help="finetuning iterations per run (batch 8; measured box AP naive / abs-win: 300 -> 49.7 / 49.9, "
+                        "400 -> 51.5 / 51.5)")
     p.add_argument("--lr", type=finite_float, default=DEMO_LR,
                    help=f"finetuning learning rate (AdamW; default {DEMO_LR})")
     p.add_argument("--seeds", type=seed_list, default=[0],

@@ -370,3 +370,66 @@ def test_zero_shot_evaluates_the_start_without_training_and_can_zero_the_embeddi
     assert "AP" in ablated["bbox"]
     with pytest.raises(WinposError, match="failed(.|\n)*this model has none"):
         R._launch(dict(spec, encoding="rope", zero_embedding=True, out=str(tmp_path / "rope")), lambda m: None)
+
+
+def test_pool_hands_free_cores_to_the_runs_still_going(tmp_path, monkeypatch):
+    """Once no run is left to start, each run that ends writes the remaining runs' new thread share; a stale file
+    from an earlier pool is removed before a run starts (it must begin at one thread)."""
+    import threading
+
+    release = {n: threading.Event() for n in "abc"}
+    seen = {}
+
+    def fake_launch(spec, log):
+        release[spec["name"]].wait(10)
+        seen[spec["name"]] = (Path(spec["out"]) / R.THREADS_FILE).read_text() if (
+            Path(spec["out"]) / R.THREADS_FILE).is_file() else None
+        return {"name": spec["name"]}
+
+    monkeypatch.setattr(R, "_launch", fake_launch)
+    specs = []
+    for n in "abc":
+        (tmp_path / n).mkdir()
+        specs.append(dict(name=n, out=str(tmp_path / n)))
+    (tmp_path / "c" / R.THREADS_FILE).write_text("7")  # stale
+    pool = threading.Thread(target=lambda: seen.setdefault("result", R._pool(specs, 2, print)))
+    pool.start()
+    release["a"].set()  # a ends while b runs: c starts (stale file removed), nothing is shared yet
+    for _ in range(200):
+        if not (tmp_path / "c" / R.THREADS_FILE).exists():
+            break
+        threading.Event().wait(0.01)
+    release["b"].set()  # b ends, nothing left to start: c alone may use both cores
+    for _ in range(200):
+        if (tmp_path / "c" / R.THREADS_FILE).is_file():
+            break
+        threading.Event().wait(0.01)
+    release["c"].set()
+    pool.join(10)
+    assert seen["a"] is None and seen["b"] is None and seen["c"] == "2"
+    assert [r["name"] for r in seen["result"]] == ["a", "b", "c"]
+
+
+def test_thread_share_hook_sets_the_training_thread_count(tmp_path):
+    from types import SimpleNamespace
+
+    from winpos.d2.engine import ThreadShareHook
+
+    before = torch.get_num_threads()
+    hook = ThreadShareHook(str(tmp_path / R.THREADS_FILE), every=10)
+    hook.trainer = SimpleNamespace(iter=10)
+    try:
+        hook.after_step()  # no file: unchanged
+        assert torch.get_num_threads() == before
+        (tmp_path / R.THREADS_FILE).write_text("not a number")
+        hook.after_step()
+        assert torch.get_num_threads() == before
+        want = 1 if before != 1 else 2
+        (tmp_path / R.THREADS_FILE).write_text(str(want))
+        hook.trainer.iter = 11  # not a check iteration
+        hook.after_step()
+        assert torch.get_num_threads() == before
+        hook.after_train()
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)

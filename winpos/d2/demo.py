@@ -5,7 +5,7 @@ absolute embedding that started window-periodic, under 4x4-token window attentio
 its command, seed and SHA-256 recorded in the manifest next to it), checks the file against that hash, and
 finetunes it at 2x the token grid (the 64 px images upscaled to 128 px) twice: (a') with the embedding naively
 interpolated and (b') converted exactly to abs-win on import. Then a four-class finetune of (b'). Each finetune is a one-thread
-subprocess, two at a time; re-running skips finished runs and resumes the others. It prints the comparison
+subprocess, two at a time (the last one takes both cores once the other ends); re-running skips finished runs and resumes the others. It prints the comparison
 table, the window similarity of the shipped embedding, and where the plots are.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def check_stage1(checkpoint: str, manifest: str) -> dict:
     return info
 
 
-def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/demo", iters: int = 300,
+def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/demo", iters: int = 400,
              seeds=(0,), workers: int = 2, four_class: bool = True, lr: float = 2e-4, log=print) -> dict:
     """Finetune the shipped stage-1 checkpoint as rows (a') and (b') at 2x grid on upscaled images (and (b') on
     the four-class labels); returns the summary (also ``<output_dir>/summary.json``)."""
@@ -50,7 +50,7 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
     from winpos.outputs import atomic_write
 
     if not isinstance(iters, int) or iters < 1:
-        raise WinposError(f"--iters {iters!r} must be a positive number of finetuning iterations, e.g. 300")
+        raise WinposError(f"--iters {iters!r} must be a positive number of finetuning iterations, e.g. 400")
     if not isinstance(lr, (int, float)) or not 0 < lr < 1:
         raise WinposError(f"--lr {lr!r} must be a learning rate in (0, 1), e.g. 2e-4")
     if not isinstance(workers, int) or workers < 1:

@@ -236,7 +236,10 @@ def run_one(spec: dict) -> dict:
     if spec["iters"] == 0:  # zero-shot: the starting weights evaluated at the new size, no finetuning
         results = evaluate_checkpoint_cfg(cfg, spec["init"], zero_embedding=spec.get("zero_embedding", False))
     else:
-        results = do_train(cfg, resume=True)
+        from winpos.d2.engine import ThreadShareHook
+
+        hook = ThreadShareHook(os.path.join(spec["out"], THREADS_FILE))
+        results = do_train(cfg, resume=True, extra_hooks=[hook])
     if not results:  # resumed a finished run without a result file: evaluate its final weights
         results = evaluate_checkpoint_cfg(cfg)
     out = {"spec": spec, "seconds": time.time() - t0,
@@ -244,6 +247,9 @@ def run_one(spec: dict) -> dict:
            "segm": {k: float(v) for k, v in results["segm"].items()}}
     atomic_write(os.path.join(spec["out"], "result.json"), lambda f: json.dump(out, f, indent=1), "w")
     return out
+
+
+THREADS_FILE = "threads"  # in a run's folder: how many torch threads the pool lets it use now
 
 
 def evaluate_checkpoint_cfg(cfg, checkpoint: str | None = None, zero_embedding: bool = False) -> dict:
@@ -326,10 +332,35 @@ def no_embedding_spec(p: Protocol, encoding: str) -> dict:
 
 
 def _pool(specs, workers, log) -> list[dict]:
+    """Run ``specs`` as one-thread subprocesses, ``workers`` at a time; results in spec order. Once every spec has
+    started, each run that ends hands its core to the runs still going (``ThreadShareHook``)."""
     if not specs:
         return []
+    from threading import Lock
+
+    from winpos.outputs import atomic_write
+
+    lock, state = Lock(), {"unstarted": len(specs), "active": []}  # outs of the runs going now
+
+    def one(spec):
+        stale = Path(spec["out"]) / THREADS_FILE  # from an earlier pool: the run starts at one thread
+        stale.unlink(missing_ok=True)
+        with lock:
+            state["unstarted"] -= 1
+            state["active"].append(spec["out"])
+        try:
+            return _launch(spec, log)
+        finally:
+            with lock:
+                state["active"].remove(spec["out"])
+                if state["unstarted"] == 0 and state["active"]:
+                    share = max(1, workers // len(state["active"]))
+                    for out in state["active"]:
+                        if os.path.isdir(out):
+                            atomic_write(os.path.join(out, THREADS_FILE), lambda f: f.write(str(share)), "w")
+
     with ThreadPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(lambda s: _launch(s, log), specs))
+        return list(ex.map(one, specs))
 
 
 def run_protocol(p: Protocol, log=print, report_only: bool = False, after_stage1=None) -> dict:
