@@ -65,10 +65,44 @@ def _pow2(n: int, floor: int = 16) -> int:
     return max(floor, 1 << (int(n) - 1).bit_length())
 
 
-def default_blocks(head_dim: int) -> tuple[int, int]:
-    """(block_m, block_n): 64 x 64 up to head_dim 64, 64 x 32 above (register pressure of 128-wide tiles).
-    Not autotuned: LookHere tile classes are cached per block shape."""
-    return (64, 64) if head_dim <= 64 else (64, 32)
+def default_blocks(head_dim: int, q_tokens: Optional[int] = None, k_tokens: Optional[int] = None) -> tuple[int, int]:
+    """(block_m, block_n): 64 x 64 up to head_dim 64, 64 x 32 above (register pressure of 128-wide tiles), each
+    shrunk to the attention group when it is smaller (``q_tokens`` / ``k_tokens``: tokens of one query / key
+    window), so a 4x4 window runs 16 x 16 tiles instead of filling 6% of a 64 x 64 one; never below 16 (tl.dot).
+    Not autotuned: LookHere tile classes are cached per block shape; a GPU sweep fills ``TUNED`` instead."""
+    bm, bn = (64, 64) if head_dim <= 64 else (64, 32)
+    if q_tokens is not None:
+        bm = min(bm, _pow2(q_tokens))
+    if k_tokens is not None:
+        bn = min(bn, _pow2(k_tokens))
+    return bm, bn
+
+
+# Tuned launch options from a GPU sweep (``winpos.bench.kernels --sweep``): (kernel, BLOCK_M, BLOCK_N, BLOCK_D,
+# terms) -> {"num_warps": w, "num_stages": s}, kernel one of "fwd", "bwd"; terms a sorted tuple of the position
+# terms present ("rope", "rel", "lookhere"). Entries override the heuristic of ``_launch_options``. Empty until
+# a sweep has run on the target GPU; ``set_tuned`` replaces it.
+TUNED: dict = {}
+
+
+def launch_key(args: dict, backward: bool) -> tuple:
+    """The ``TUNED`` key of a launch's arguments."""
+    terms = tuple(t for t, flag in (("lookhere", "HAS_LH"), ("rel", "HAS_REL"), ("rope", "HAS_ROPE")) if args[flag])
+    return ("bwd" if backward else "fwd", args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_D"], terms)
+
+
+def set_tuned(table: dict) -> None:
+    """Replace the tuned launch options (the sweep hook) and forget every cached launch that used the old ones."""
+    for key, opts in table.items():
+        if not (isinstance(key, tuple) and len(key) == 5 and key[0] in ("fwd", "bwd")):
+            raise ValueError(f"tuned key {key!r} must be (kernel 'fwd'|'bwd', BLOCK_M, BLOCK_N, BLOCK_D, terms)")
+        if set(opts) != {"num_warps", "num_stages"} or opts["num_warps"] not in (1, 2, 4, 8, 16) \
+                or not 1 <= opts["num_stages"] <= 6:
+            raise ValueError(f"tuned options {opts!r} for {key} must be num_warps in 1..16 (a power of two) and "
+                             "num_stages in 1..6")
+    TUNED.clear()
+    TUNED.update(table)
+    _STATIC.clear()
 
 
 def _table_strides(t: Optional[Tensor]) -> tuple[int, int]:
@@ -155,11 +189,20 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
 
 
 def _launch_options(args: dict, backward: bool) -> dict:
-    """num_warps/num_stages. Not tuned on a GPU yet; chosen from ptxas register reports for sm_90
-    (``tests/kernels/aot_compile.py``): 4 warps keep the plain kernels spill-free; the backward passes with position
-    terms or 128-wide head tiles hold more live tiles (rotation tables, relpos terms and their gradients) and
-    spill less with 8."""
+    """num_warps/num_stages: a ``TUNED`` entry when a GPU sweep has filled one, else the heuristic chosen from
+    ptxas register reports for sm_90 (``tests/kernels/aot_compile.py``): 4 warps keep the plain kernels spill-free;
+    the backward passes with position terms or 128-wide head tiles hold more live tiles (rotation tables, relpos
+    terms and their gradients) and spill less with 8; tiles of fewer than 64 rows (small windows) need no more
+    than 2 warps (one 16-row mma tile each), and 4 would idle half of them. The forward counts query rows; the
+    two backward kernels share their options and count the larger tile side (the dK/dV of a 16 x 64 pooled
+    transition owns 64 key rows and spills at 2 warps)."""
+    tuned = TUNED.get(launch_key(args, backward))
+    if tuned is not None:
+        return dict(tuned)
     heavy = args["HAS_ROPE"] or args["HAS_REL"] or args["HAS_LH"] or args["BLOCK_D"] > 64
+    rows = max(args["BLOCK_M"], args["BLOCK_N"]) if backward else args["BLOCK_M"]  # both backward kernels share them
+    if rows < 64:
+        return dict(num_warps=2, num_stages=2)
     return dict(num_warps=8 if backward and heavy else 4, num_stages=2)
 
 
@@ -320,5 +363,5 @@ def attention_flops(plan: Plan, batch: int, heads: int, head_dim: int, backward:
     return groups * per * (7 if backward else 2)
 
 
-__all__ = ["Plan", "WindowAttentionFunction", "attention_flops", "default_blocks", "window_attention_bwd",
+__all__ = ["Plan", "TUNED", "WindowAttentionFunction", "attention_flops", "default_blocks", "launch_key", "set_tuned", "window_attention_bwd",
            "window_attention_fwd"]

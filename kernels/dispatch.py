@@ -180,7 +180,8 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
         pad_mode: ``"zeros"`` (padded tokens are ordinary keys) or ``"mask"`` (valid queries do not see padded keys;
             padded queries see every key).
         scale: logit scale, default ``D ** -0.5``.
-        blocks: ``(block_m, block_n)`` tile sizes (powers of two >= 16), default ``default_blocks(D)``.
+        blocks: ``(block_m, block_n)`` tile sizes (powers of two >= 16), default ``default_blocks`` for D and the
+            query / key window (tiles no larger than a window).
     Returns:
         ``(B, Hq, Wq, heads, D)`` in q's dtype.
 
@@ -192,7 +193,7 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     pad_mask, qvh, qvw, kvh, kvw = _padding(pad_mode, valid_hw, k_hw, pool)
     B, heads, D = q.shape[0], q.shape[3], q.shape[4]
     scale = D ** -0.5 if scale is None else float(scale)
-    blocks = tuple(blocks) if blocks is not None else default_blocks(D)
+    blocks = tuple(blocks) if blocks is not None else default_blocks(D, q_win[0] * q_win[1], k_win[0] * k_win[1])
     if len(blocks) != 2 or any(b < 16 or b & (b - 1) for b in blocks):
         raise ValueError(f"blocks={blocks} must be two powers of two >= 16 (tl.dot needs tiles of at least 16)")
     rope = getattr(pos, "rope", None)

@@ -72,4 +72,19 @@ def test_a_kernel_mismatch_fails_the_check():
 
 
 def test_steps_are_the_documented_ones():
-    assert STEPS == ("install", "environment", "ceilings", "kernel_tests", "kernel_benchmark", "backbones")
+    assert STEPS == ("install", "environment", "ceilings", "kernel_tests", "kernel_benchmark", "kernel_sweep",
+                     "backbones")
+
+
+def test_kernel_sweep_step_dry_run(tmp_path):
+    """The sweep step runs the benchmark's --sweep in a child process (interpreter, tiny shapes, a 12 s budget) and
+    records what it swept; its JSON holds the trials and the per-kernel best."""
+    from winpos.bench.gpu_check import Log, step_kernel_sweep
+
+    ctx = {"out": tmp_path, "log": Log(tmp_path / "log"), "dry_run": True, "cuda": False, "left": lambda: 40.0}
+    result = step_kernel_sweep(ctx)
+    assert result["status"] == "ok" and result["sweeps"] >= 1, result
+    sweep = json.loads((tmp_path / result["json"]).read_text())
+    first = sweep["sweeps"][0]
+    assert first["trials"] and all("fwd_ms" in t or "error" in t for t in first["trials"])
+    assert set(sweep["tuned"][first["label"]]) and first["label"].endswith("/none")

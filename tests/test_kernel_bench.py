@@ -22,13 +22,50 @@ def test_dry_run_writes_every_row(tmp_path):
     report = json.loads(out.read_text())
     assert report["interpreter"] is True and report["errors"] == [] and report["skipped"] == []
     rows = {(r["block"], r["variant"], r["impl"]): r for r in report["rows"]}
+    missing = {u["label"].split("/", 1)[1]: u["reason"] for u in report["unavailable"]}
     for shape in bench.dry_run_shapes():
         for variant in bench.VARIANTS:
-            for impl in ("sdpa", "triton", "reference") + (("triton_rope_unfused",) if variant == "rope" else ()):
+            for impl in ("sdpa", "sdpa_xpart", "triton", "reference") + (
+                    ("triton_rope_unfused",) if variant == "rope" else ()):
                 row = rows[(shape.block, variant, impl)]
                 assert row["fwd_ms"] > 0 and row["fwd_bwd_ms"] > 0 and row["fwd_tflops"] > 0
+                assert row["fwd_graph_ms"] is None  # CUDA graphs: GPU only
                 if impl != "sdpa":  # every implementation computes the same attention (fp32)
                     assert row["max_abs_diff_vs_sdpa"] < 1e-4, row
+            # CPU-only gaps are listed with the reason, not dropped
+            assert "needs CUDA" in missing[f"{shape.block}/{variant}/sdpa_cudnn"]
+            assert "flex" not in {r[2] for r in rows if r[:2] == (shape.block, variant)}
+            assert f"{shape.block}/{variant}/flex" in missing
+
+
+def test_xpart_baseline_is_the_same_attention():
+    """The partition-x-once SDPA baseline (one copy of the projection output, pooled queries strided inside each
+    window) computes what the per-tensor partition does, for every position term."""
+    for shape in (bench.Shape("t", "w4_pool2", 2, (8, 8), 2, 16, 4, pool=2), bench.Shape("t", "w4", 1, (8, 12), 2, 16, 4)):
+        qkv = bench._inputs(shape, torch.float64, torch.device("cpu"))
+        for variant in bench.VARIANTS:
+            pos = bench.make_pos(shape, variant, "cpu")
+            pos = pos if pos.rope is None and pos.rel_pos is None and pos.lookhere is None else type(pos)(
+                rope=pos.rope.double() if pos.rope is not None else None,
+                rel_pos=tuple(t.double() for t in pos.rel_pos) if pos.rel_pos is not None else None,
+                lookhere=pos.lookhere.double() if pos.lookhere is not None else None)
+            from torch.nn.attention import SDPBackend
+
+            a = bench.sdpa_xpart(qkv, shape.window, shape.pool, pos, [SDPBackend.MATH])
+            b = bench.sdpa_baseline(*bench.split_qkv(qkv, shape.pool), shape.window, pos, [SDPBackend.MATH])
+            assert a.shape == b.shape == (shape.batch, shape.grid[0] // shape.pool, shape.grid[1] // shape.pool,
+                                          shape.heads, shape.head_dim)
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+
+
+def test_bad_impls_and_variants_are_refused(capsys):
+    import pytest
+
+    for argv, message in ((["--dry-run", "--impls", "sdpa,bogus"], "unknown --impls ['bogus']"),
+                          (["--dry-run", "--sweep", "--variants", "rope,nope"], "unknown --variants ['nope']")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_refuses_without_a_gpu(monkeypatch, capsys):
@@ -44,3 +81,26 @@ def test_gpu_shapes_are_the_1024px_backbones():
     assert shapes[("vitdet_l", "global")].heads == 16
     assert shapes[("hieradet_b+", "s1_window8")].grid == (256, 256)
     assert all(s.head_dim == 56 for s in shapes.values() if s.model == "hieradet_b+")
+
+
+def test_sweep_times_every_configuration_and_restores_the_defaults(monkeypatch):
+    """The block-config sweep (the GPU run's tuning hook) on a tiny shape under the interpreter: every tile / warp
+    / stage trial is timed through ``set_tuned``, the best per kernel is reported, and the kernels' table is empty
+    again afterwards."""
+    import time
+
+    from winpos.kernels import attention_fwd_bwd as A
+
+    monkeypatch.setattr(bench, "SWEEP_BLOCKS", ((16, 16), (32, 32), (64, 64)))
+    monkeypatch.setattr(bench, "SWEEP_WARPS", (2, 4))
+    monkeypatch.setattr(bench, "SWEEP_STAGES", (2,))
+    shape = bench.dry_run_shapes()[0]  # 4x4 windows: 16 tokens, so 64-wide tiles (> 2x the window) are not tried
+    result = bench.sweep_shape(shape, "none", torch.float32, torch.device("cpu"), 1, time.time() + 600)
+    assert not result["cut_short"]
+    assert [(t["blocks"], t["num_warps"]) for t in result["trials"]] == [
+        ([16, 16], 2), ([16, 16], 4), ([32, 32], 2), ([32, 32], 4)]
+    assert all(t["fwd_ms"] > 0 and t["bwd_ms"] is not None for t in result["trials"])
+    kernels = {key.split("|")[0] for key in result["tuned"]}
+    assert kernels == {"fwd", "bwd"}
+    assert all(best["blocks"] in ([16, 16], [32, 32]) for best in result["tuned"].values())
+    assert A.TUNED == {}

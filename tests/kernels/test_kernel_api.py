@@ -254,3 +254,32 @@ def test_resolve_backend_is_where_auto_asks_prefers_kernels(monkeypatch):
         assert resolve_backend("triton", cuda, (q, q, q)) == "triton"
         assert resolve_backend("auto", torch.device("cpu"), (q, q, q)) == "reference"
     assert asked == [3, 3]
+
+
+def test_tiles_follow_the_window_and_the_tuned_table_overrides_the_heuristic():
+    """Default tiles are no larger than a window (16 x 16 for 4x4 windows, 16 x 64 for a pooled 8 -> 4 transition);
+    small tiles take 2 warps; a TUNED entry (the GPU sweep's hook) replaces the heuristic and forgets cached
+    launches; a malformed entry is refused."""
+    from winpos.kernels import attention_fwd_bwd as A
+
+    assert A.default_blocks(64) == (64, 64) and A.default_blocks(80) == (64, 32)
+    assert A.default_blocks(56, 16, 16) == (16, 16) and A.default_blocks(56, 16, 64) == (16, 64)
+    assert A.default_blocks(64, 49, 49) == (64, 64) and A.default_blocks(128, 196, 196) == (64, 32)
+    args = dict(HAS_ROPE=False, HAS_REL=True, HAS_LH=False, BLOCK_M=16, BLOCK_N=16, BLOCK_D=64)
+    assert A._launch_options(args, backward=False) == {"num_warps": 2, "num_stages": 2}
+    big = dict(args, BLOCK_M=64, BLOCK_N=64)
+    assert A._launch_options(big, backward=True) == {"num_warps": 8, "num_stages": 2}
+    assert A.launch_key(big, True) == ("bwd", 64, 64, 64, ("rel",))
+    A._STATIC["sentinel"] = 1
+    try:
+        A.set_tuned({("bwd", 64, 64, 64, ("rel",)): {"num_warps": 4, "num_stages": 3}})
+        assert "sentinel" not in A._STATIC
+        assert A._launch_options(big, backward=True) == {"num_warps": 4, "num_stages": 3}
+        assert A._launch_options(big, backward=False) == {"num_warps": 4, "num_stages": 2}  # no entry: heuristic
+        with pytest.raises(ValueError, match="num_warps"):
+            A.set_tuned({("fwd", 64, 64, 64, ()): {"num_warps": 3, "num_stages": 2}})
+        with pytest.raises(ValueError, match="tuned key"):
+            A.set_tuned({("fwd", 64): {"num_warps": 4, "num_stages": 2}})
+    finally:
+        A.set_tuned({})
+    assert A.TUNED == {}

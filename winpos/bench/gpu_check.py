@@ -10,9 +10,12 @@ Steps, each timed and recorded (``OUT_DIR/gpu_check.json``; everything printed a
    copy GB/s (1 GiB), so every later number can be read as a fraction of them.
 4. ``kernel_tests``: ``pytest tests/kernels`` on CUDA (compiled Triton, not the interpreter); a failure fails the
    check.
-5. ``kernel_benchmark``: ``python -m winpos.bench.kernels`` (Triton vs SDPA; none / rope / relpos / lookhere;
-   window and global; ViTDet-B/L and HieraDet-B+ shapes at 1024^2; bf16), its JSON kept; any row whose output
-   differs from SDPA's by more than ``KERNEL_TOL`` fails the check.
+5. ``kernel_benchmark``: ``python -m winpos.bench.kernels`` (Triton vs SDPA-flash / efficient with a bias, the
+   partition-x-once SDPA, cuDNN attention, FlexAttention; none / rope / relpos / lookhere; window and global;
+   ViTDet-B/L and HieraDet-B+ shapes at 1024^2; bf16; L2 flushed before every timed call, eager and CUDA-graph
+   replay), its JSON kept; any row whose output differs from SDPA's by more than ``KERNEL_TOL`` fails the check.
+5b. ``kernel_sweep``: tile shape x warps x stages of the fused kernels on the HieraDet-B+ shapes (about 90 s),
+   the candidate tuned table (``winpos.kernels.attention_fwd_bwd.set_tuned``) in ``kernel_sweep.json``.
 6. ``backbones``: bf16 forward and forward+backward seconds per image of winpos ViTDet-B (recipe paper) and
    HieraDet-B+ (recipe original) and of timm's ``sam2_hiera_base_plus`` (the peer installed there), eager and
    ``torch.compile``-d, batch 1 at 1024^2.
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 
 KERNEL_TOL = {"bfloat16": 6e-2, "float16": 1e-2, "float32": 1e-4}  # max |out - sdpa| of a kernel benchmark row
-STEPS = ("install", "environment", "ceilings", "kernel_tests", "kernel_benchmark", "backbones")
+STEPS = ("install", "environment", "ceilings", "kernel_tests", "kernel_benchmark", "kernel_sweep", "backbones")
 SCHEMA_VERSION = 1
 
 
@@ -100,24 +103,12 @@ def step_environment(ctx) -> dict:
 
 
 def _cuda_time(fn, reps: int) -> float:
-    """Median seconds of ``fn()`` (CUDA events after one warm-up call; wall clock on the CPU)."""
-    import torch
+    """Median seconds of ``fn()`` (``winpos.bench.cuda_timing.bench``: CUDA events, L2 flushed before each call,
+    after one warm-up call; wall clock on the CPU)."""
+    from winpos.bench.cuda_timing import bench
 
     fn()
-    times = []
-    for _ in range(reps):
-        if torch.cuda.is_available():
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            torch.cuda.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
+    return bench(fn, reps=reps, warmup=0)["median_ms"] / 1e3
 
 
 def step_ceilings(ctx) -> dict:
@@ -154,6 +145,26 @@ def step_kernel_benchmark(ctx) -> dict:
     if not out.is_file():
         return {"status": "failed", "exit_status": code, "detail": tail}
     return dict(kernel_verdict(json.loads(out.read_text()), code), json=out.name)
+
+
+def step_kernel_sweep(ctx) -> dict:
+    """The block-config sweep of the fused kernels (``winpos.bench.kernels --sweep``) on the HieraDet-B+ shapes,
+    whose small windows and head_dim 56 the untuned heuristic fits worst; informational (its ``tuned`` table is the
+    candidate for the kernels' defaults): it fails only when nothing could be swept."""
+    out = ctx["out"] / "kernel_sweep.json"
+    budget = max(min(90.0, ctx["left"]() * 0.3), 10)
+    cmd = [sys.executable, "-m", "winpos.bench.kernels", "--sweep", "--json", str(out), "--budget", f"{budget:.0f}",
+           "--reps", "5"]
+    cmd += ["--dry-run", "--variants", "none"] if ctx["dry_run"] else ["--models", "hieradet_b+",
+                                                                         "--variants", "none,rope"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code, tail = _run(cmd, ctx["log"], budget + 60, env=env)
+    if not out.is_file():
+        return {"status": "failed", "exit_status": code, "detail": tail}
+    report = json.loads(out.read_text())
+    ok = code == 0 and bool(report["sweeps"])
+    return {"status": "ok" if ok else "failed", "exit_status": code, "sweeps": len(report["sweeps"]),
+            "skipped": len(report["skipped"]), "json": out.name}
 
 
 def kernel_verdict(report: dict, exit_status: int = 0) -> dict:
@@ -246,7 +257,8 @@ def step_backbones(ctx) -> dict:
 
 
 STEP_FNS = {"install": step_install, "environment": step_environment, "ceilings": step_ceilings,
-            "kernel_tests": step_kernel_tests, "kernel_benchmark": step_kernel_benchmark, "backbones": step_backbones}
+            "kernel_tests": step_kernel_tests, "kernel_benchmark": step_kernel_benchmark,
+            "kernel_sweep": step_kernel_sweep, "backbones": step_backbones}
 
 
 def run_check(out_dir, dry_run: bool = False, budget_s: float = 450.0, steps=STEPS) -> dict:

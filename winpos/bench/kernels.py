@@ -5,17 +5,29 @@
     python tools/benchmark.py kernels [ARGS]                  # the same; forces --dry-run when there is no GPU
 
 For every attention block shape and position term (none, rope, relpos, lookhere) it times forward and
-forward+backward of:
+forward+backward of (all read q, k, v as views of one ``(B, H, W, 3, heads, D)`` projection output, as the
+backbones do; the backward's gradient flows to that tensor):
 
 * ``triton``: ``winpos.kernels.window_attention`` (everything fused, reading the grid in place);
 * ``triton_rope_unfused`` (rope only): the standalone RoPE kernel on q and k, then the fused kernel without RoPE;
-* ``sdpa``: window partition copies + SDPA + unpartition, with the *flash* backend when there is no bias (RoPE
-  applied by PyTorch first) and the *efficient* backend with a materialized ``(groups, heads, N, N)`` bias for
-  relpos and LookHere (flash takes no bias);
+* ``sdpa``: window partition copies of q, k and v + SDPA + unpartition, with the *flash* backend when there is no
+  bias (RoPE applied by PyTorch first) and the *efficient* backend with a materialized ``(groups, heads, N, N)``
+  bias for relpos and LookHere (flash takes no bias);
+* ``sdpa_xpart``: the same, but the projection output is partitioned once (one copy of all three, the model's
+  own partition-x-once path) instead of q, k and v separately: the stronger baseline;
+* ``sdpa_cudnn`` (CUDA, no bias): cuDNN attention on the x-partitioned windows;
+* ``flex`` (when ``winpos.attention`` has the FlexAttention backend): ``attention(..., backend="flex")``;
 * ``reference``: ``winpos.attention.reference_attention`` (relpos through the augmented-QK identity).
 
-Reported per row: median milliseconds, achieved TFLOP/s (FlashAttention FLOP convention, see
-``attention_flops``), peak memory above the inputs (MiB), and the forward's max abs difference to ``sdpa``.
+Timing (``winpos.bench.cuda_timing``): CUDA events per call with the L2 cache flushed before each, median of
+``--reps``; and the same calls replayed from a CUDA graph (``*_graph_ms``: the GPU time without host overhead;
+null with the capture error when a path cannot be captured). Reported per row also: achieved TFLOP/s
+(FlashAttention FLOP convention, see ``attention_flops``), peak memory above the inputs (MiB), and the forward's
+max abs difference to ``sdpa``. Implementations that cannot run here are listed under ``unavailable`` with why.
+
+``--sweep`` times the fused kernels instead over a grid of tile shapes and warps per shape and variant (the hook
+``winpos.kernels.attention_fwd_bwd.set_tuned``) and writes the best launch options per kernel as ``tuned``:
+the table to commit as the kernels' defaults after a GPU run.
 Results are written after every row, so a run cut short still leaves a valid JSON; ``--budget`` seconds bound the
 whole run (rows beyond it are listed as skipped). Refuses to run on a machine without CUDA unless ``--dry-run``.
 
@@ -139,26 +151,83 @@ def unfused_rope(q, k, v, window, pos):
     return window_attention(q, k, v, window=window)
 
 
-def _timer(fn, cuda: bool, reps: int):
-    """Median milliseconds of ``fn()`` (CUDA events after warmup on GPU; one wall-clock call in dry runs)."""
-    import torch
+def split_qkv(qkv, pool: int):
+    """q, k, v views of a ``(B, H, W, 3, heads, D)`` projection output (q strided when pooled: read in place)."""
+    q = qkv[:, ::pool, ::pool, 0] if pool > 1 else qkv[:, :, :, 0]
+    return q, qkv[:, :, :, 1], qkv[:, :, :, 2]
 
-    if not cuda:
-        start = time.perf_counter()
-        fn()
-        return (time.perf_counter() - start) * 1e3
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+
+def sdpa_xpart(qkv, window, pool, pos, backends):
+    """The model's partition-x-once path: one window-partition copy of the whole projection output, q / k / v as
+    views of it (pooled queries: every ``pool``-th token inside each window), SDPA, one unpartition copy."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    from winpos.posemb.relpos import rel_bias_dense
+    from winpos.posemb.rope import apply_rope
+    from winpos.windows import window_partition, window_unpartition
+
+    B, H, W, _, n, D = qkv.shape
+    if not window:
+        return sdpa_baseline(*split_qkv(qkv, pool), window, pos, backends)
+    parts = window_partition(qkv.flatten(3), window).reshape(-1, window, window, 3, n, D)
+    qw = window // pool
+    qg = parts[:, ::pool, ::pool, 0].reshape(-1, qw * qw, n, D).transpose(1, 2)
+    kg = parts[:, :, :, 1].reshape(-1, window * window, n, D).transpose(1, 2)
+    vg = parts[:, :, :, 2].reshape(-1, window * window, n, D).transpose(1, 2)
+    q_win, k_win = (qw, qw), (window, window)
+    if pos.rope is not None:
+        t = pos.rope.tables(q_win, k_win)
+        qg = apply_rope(qg, t.cos_q, t.sin_q, t.rot_dims, t.pairing)
+        kg = apply_rope(kg, t.cos_k, t.sin_k, t.rot_dims, t.pairing)
+    bias = None
+    if pos.rel_pos is not None:
+        bias = rel_bias_dense(qg, *pos.rel_pos, q_win, k_win)
+    if pos.lookhere is not None:
+        bias = pos.lookhere.bias(q_win, k_win).to(qg.dtype).expand(qg.shape[0], -1, -1, -1)
+    with sdpa_kernel(backends):
+        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias)
+    return window_unpartition(out.transpose(1, 2), qw, (H // pool, W // pool))
+
+
+IMPLS = ("sdpa", "sdpa_xpart", "sdpa_cudnn", "flex", "triton", "triton_rope_unfused", "reference")
+
+
+def unavailable(impl: str, variant: str, cuda: bool):
+    """Why ``impl`` cannot run for ``variant`` here (None when it can)."""
+    if impl == "triton_rope_unfused" and variant != "rope":
+        return "only for rope"
+    if impl == "sdpa_cudnn":
+        if not cuda:
+            return "cuDNN attention needs CUDA"
+        if variant in ("relpos", "lookhere"):
+            return "cuDNN attention is timed without a bias only"
+    if impl == "flex":
+        from winpos.attention import BACKENDS
+
+        if "flex" not in BACKENDS:
+            return "this winpos has no FlexAttention backend"
+        if not cuda:
+            return "FlexAttention has no CPU backward (the rows time forward+backward)"
+    return None
+
+
+def _timings(fn, cuda: bool, reps: int) -> dict:
+    """Eager (L2 flushed) and CUDA-graph timings of ``fn``: ``{"ms", "range_ms", "graph_ms", "graph_error"}``."""
+    from .cuda_timing import bench
+
+    eager = bench(fn, reps=reps if cuda else 1, warmup=3 if cuda else 0)
+    out = {"ms": eager["median_ms"], "range_ms": [eager["min_ms"], eager["max_ms"]], "graph_ms": None,
+           "graph_error": None}
+    if cuda:
+        try:
+            out["graph_ms"] = bench(fn, reps=reps, graph=True)["median_ms"]
+        except Exception as e:  # not capturable: the eager timing stands, the reason is kept
+            out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
+            import torch
+
+            torch.cuda.synchronize()
+    return out
 
 
 def _peak_mib(fn, cuda: bool):
@@ -167,79 +236,183 @@ def _peak_mib(fn, cuda: bool):
     return cuda_peak_mib(fn) if cuda else None
 
 
-def bench_row(shape: Shape, variant: str, impl: str, dtype, device, reps: int, ref_out=None) -> tuple:
-    import torch
+def _impl_fn(impl: str, shape: Shape, pos, cuda: bool):
+    """``fn(qkv) -> out`` of one implementation."""
     from torch.nn.attention import SDPBackend
 
-    from winpos.attention import reference_attention
-    from winpos.kernels import Plan, attention_flops, window_attention
+    from winpos.attention import attention, reference_attention
+    from winpos.kernels import window_attention
 
-    cuda = device.type == "cuda"
-    torch.manual_seed(0)
-    B, (H, W), n, D, s = shape.batch, shape.grid, shape.heads, shape.head_dim, shape.pool
-    qkv = torch.randn(B, H, W, 3, n, D, device=device, dtype=dtype)
-    k, v = qkv[:, :, :, 1], qkv[:, :, :, 2]
-    q = qkv[:, ::s, ::s, 0] if s > 1 else qkv[:, :, :, 0]  # pooled queries (strided view: read in place)
-    pos = make_pos(shape, variant, device)
-    bias_variant = variant in ("relpos", "lookhere")
+    s = shape.pool
+    bias_variant = pos.rel_pos is not None or pos.lookhere is not None
     flash = [SDPBackend.FLASH_ATTENTION] if cuda else [SDPBackend.MATH]
     efficient = [SDPBackend.EFFICIENT_ATTENTION] if cuda else [SDPBackend.MATH]
+    sdpa_backends = efficient if bias_variant else flash
     fns = {
-        "triton": lambda q, k, v: window_attention(q, k, v, window=shape.window, pos=pos),
-        "triton_rope_unfused": lambda q, k, v: unfused_rope(q, k, v, shape.window, pos),
-        "sdpa": lambda q, k, v: sdpa_baseline(q, k, v, shape.window, pos, efficient if bias_variant else flash),
-        "reference": lambda q, k, v: reference_attention(q, k, v, window=shape.window, pos=pos),
+        "triton": lambda x: window_attention(*split_qkv(x, s), window=shape.window, pos=pos),
+        "triton_rope_unfused": lambda x: unfused_rope(*split_qkv(x, s), shape.window, pos),
+        "sdpa": lambda x: sdpa_baseline(*split_qkv(x, s), shape.window, pos, sdpa_backends),
+        "sdpa_xpart": lambda x: sdpa_xpart(x, shape.window, s, pos, sdpa_backends),
+        "sdpa_cudnn": lambda x: sdpa_xpart(x, shape.window, s, pos, [SDPBackend.CUDNN_ATTENTION]),
+        "flex": lambda x: attention(*split_qkv(x, s), window=shape.window, pos=pos, backend="flex"),
+        "reference": lambda x: reference_attention(*split_qkv(x, s), window=shape.window, pos=pos),
     }
-    fn = fns[impl]
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    return fns[impl]
+
+
+def _inputs(shape: Shape, dtype, device):
+    import torch
+
+    torch.manual_seed(0)
+    B, (H, W), n, D = shape.batch, shape.grid, shape.heads, shape.head_dim
+    return torch.randn(B, H, W, 3, n, D, device=device, dtype=dtype)
+
+
+def _plan(shape: Shape):
+    from winpos.kernels import Plan
+
+    H, W, s = *shape.grid, shape.pool
+    q_hw = (H // s, W // s)
+    qw = (shape.window // s,) * 2 if shape.window else q_hw
+    kw = (shape.window,) * 2 if shape.window else (H, W)
+    return Plan((H // kw[0]), (W // kw[1]), *qw, *kw, s, 0, 0, 0, 0, 0, 0, 0, 16, 16)
+
+
+def _time_fn(fn, qkv, cuda: bool, reps: int) -> dict:
+    """Forward and forward+backward timings and peak memory of ``fn(qkv)``, and its forward output."""
+    import torch
+
+    leaf = qkv.detach().clone().requires_grad_()
     with torch.no_grad():
-        out = fn(q, k, v)
+        out = fn(qkv)
     grad = torch.randn_like(out)
 
     def fwd():
         with torch.no_grad():
-            fn(q, k, v)
+            fn(qkv)
 
     def fwd_bwd():
-        o = fn(*leaves)
+        o = fn(leaf)
         o.backward(grad)
-        for t in leaves:
-            t.grad = None
+        leaf.grad = None
 
-    q_hw = (H // s, W // s)
-    qw = (shape.window // s,) * 2 if shape.window else q_hw
-    kw = (shape.window,) * 2 if shape.window else (H, W)
-    plan = Plan((H // kw[0]), (W // kw[1]), *qw, *kw, s, 0, 0, 0, 0, 0, 0, 0, 16, 16)
+    return {"out": out, "fwd": _timings(fwd, cuda, reps), "fwd_bwd": _timings(fwd_bwd, cuda, reps),
+            "fwd_peak_mib": _peak_mib(fwd, cuda), "fwd_bwd_peak_mib": _peak_mib(fwd_bwd, cuda)}
+
+
+def bench_row(shape: Shape, variant: str, impl: str, dtype, device, reps: int, ref_out=None) -> tuple:
+    from winpos.kernels import attention_flops
+
+    cuda = device.type == "cuda"
+    qkv = _inputs(shape, dtype, device)
+    pos = make_pos(shape, variant, device)
+    t = _time_fn(_impl_fn(impl, shape, pos, cuda), qkv, cuda, reps)
+    plan, (B, n, D) = _plan(shape), (shape.batch, shape.heads, shape.head_dim)
+    bias_variant = variant in ("relpos", "lookhere")
     row = dict(asdict(shape), variant=variant, impl=impl, dtype=str(dtype).replace("torch.", ""),
-               sdpa_backend=("efficient+bias" if bias_variant else "flash") if impl == "sdpa" else None)
-    row["fwd_ms"] = _timer(fwd, cuda, reps)
-    row["fwd_bwd_ms"] = _timer(fwd_bwd, cuda, reps)
+               sdpa_backend=(("efficient+bias" if bias_variant else "flash") if impl in ("sdpa", "sdpa_xpart")
+                             else "cudnn" if impl == "sdpa_cudnn" else None))
+    for part in ("fwd", "fwd_bwd"):
+        row[f"{part}_ms"] = t[part]["ms"]
+        row[f"{part}_range_ms"] = t[part]["range_ms"]
+        row[f"{part}_graph_ms"] = t[part]["graph_ms"]
+        if t[part]["graph_error"]:
+            row[f"{part}_graph_error"] = t[part]["graph_error"]
     row["fwd_tflops"] = attention_flops(plan, B, n, D) / row["fwd_ms"] / 1e9
     row["fwd_bwd_tflops"] = attention_flops(plan, B, n, D, backward=True) / row["fwd_bwd_ms"] / 1e9
-    row["fwd_peak_mib"] = _peak_mib(fwd, cuda)
-    row["fwd_bwd_peak_mib"] = _peak_mib(fwd_bwd, cuda)
+    row["fwd_peak_mib"], row["fwd_bwd_peak_mib"] = t["fwd_peak_mib"], t["fwd_bwd_peak_mib"]
+    out = t["out"]
     row["max_abs_diff_vs_sdpa"] = None if ref_out is None else (out.float() - ref_out.float()).abs().max().item()
     return row, out
 
 
-def run_rows(shapes, dtype, device, reps, budget_s, out_path, impls):
+SWEEP_BLOCKS = ((16, 16), (16, 64), (32, 32), (64, 32), (64, 64), (128, 64))
+SWEEP_WARPS = (2, 4, 8)
+SWEEP_STAGES = (2, 3)
+
+
+def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: float) -> dict:
+    """The fused kernels of one shape and variant over ``SWEEP_BLOCKS`` x ``SWEEP_WARPS`` x ``SWEEP_STAGES``
+    (tiles no larger than twice the window's tokens); returns every timing and the fastest options per kernel
+    (``"fwd"`` from the forward, ``"bwd"`` from forward+backward minus the forward) as ``TUNED`` entries."""
+    from winpos.kernels import attention_fwd_bwd as A
+    from winpos.kernels import window_attention
+
+    cuda = device.type == "cuda"
+    qkv = _inputs(shape, dtype, device)
+    pos = make_pos(shape, variant, device)
+    plan = _plan(shape)
+    nq, nk = plan.qwh * plan.qww, plan.kwh * plan.kww
+    trials, best = [], {}
+    try:
+        for bm, bn in SWEEP_BLOCKS:
+            if bm > 2 * max(nq, 16) or bn > 2 * max(nk, 16):
+                continue
+            for warps in SWEEP_WARPS:
+                for stages in SWEEP_STAGES:
+                    if time.time() > deadline:
+                        return {"trials": trials, "tuned": best, "cut_short": True}
+                    args = dict(HAS_ROPE=pos.rope is not None, HAS_REL=pos.rel_pos is not None,
+                                HAS_LH=pos.lookhere is not None, BLOCK_M=bm, BLOCK_N=bn,
+                                BLOCK_D=max(16, 1 << (shape.head_dim - 1).bit_length()))
+                    opts = {"num_warps": warps, "num_stages": stages}
+                    A.set_tuned({A.launch_key(args, False): opts, A.launch_key(args, True): opts})
+                    fn = lambda x, b=(bm, bn): window_attention(*split_qkv(x, shape.pool), window=shape.window,
+                                                                pos=pos, blocks=b)
+                    try:
+                        t = _time_fn(fn, qkv, cuda, reps)
+                    except Exception as e:  # a configuration that does not compile (registers, shared memory)
+                        trials.append(dict(blocks=[bm, bn], **opts, error=f"{type(e).__name__}: {e}"[:200]))
+                        continue
+                    fwd, bwd = t["fwd"]["ms"], t["fwd_bwd"]["ms"] - t["fwd"]["ms"]
+                    trials.append(dict(blocks=[bm, bn], **opts, fwd_ms=fwd, bwd_ms=bwd))
+                    for kernel, ms in (("fwd", fwd), ("bwd", bwd)):
+                        key = "|".join(map(str, A.launch_key(args, kernel == "bwd")))
+                        if key not in best or ms < best[key]["ms"]:
+                            best[key] = dict(opts, blocks=[bm, bn], ms=ms)
+    finally:
+        A.set_tuned({})
+    return {"trials": trials, "tuned": best, "cut_short": False}
+
+
+def _write(report: dict, out_path) -> None:
+    if out_path:
+        from winpos.outputs import atomic_write
+
+        atomic_write(out_path, lambda f: json.dump(report, f, indent=1), "w")
+
+
+def _report(device, dtype) -> dict:
     import torch
 
     import triton
 
     from winpos.kernels import _jit
 
-    report = dict(device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-                  torch=torch.__version__, triton=triton.__version__, interpreter=_jit.interpreting(),
-                  dtype=str(dtype).replace("torch.", ""), rows=[], skipped=[], errors=[])
+    return dict(device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
+                torch=torch.__version__, triton=triton.__version__, interpreter=_jit.interpreting(),
+                dtype=str(dtype).replace("torch.", ""), rows=[], skipped=[], errors=[], unavailable=[])
+
+
+def run_rows(shapes, dtype, device, reps, budget_s, out_path, impls):
+    """Every shape x variant x implementation (``IMPLS`` order, sdpa first: the others are compared with it)."""
+    import torch
+
+    report = _report(device, dtype)
     start = time.time()
+    cuda = device.type == "cuda"
     for shape in shapes:
         for variant in VARIANTS:
             ref_out = None
-            for impl in ("sdpa", "triton", "triton_rope_unfused", "reference"):
-                if impl not in impls or (impl == "triton_rope_unfused" and variant != "rope"):
+            for impl in IMPLS:
+                if impl not in impls:
                     continue
                 label = f"{shape.model}/{shape.block}/{variant}/{impl}"
+                why = unavailable(impl, variant, cuda)
+                if why is not None:
+                    if why != "only for rope":
+                        report["unavailable"].append(dict(label=label, reason=why))
+                    continue
                 if time.time() - start > budget_s:
                     report["skipped"].append(label)
                     continue
@@ -248,18 +421,40 @@ def run_rows(shapes, dtype, device, reps, budget_s, out_path, impls):
                     if impl == "sdpa":
                         ref_out = out
                     report["rows"].append(row)
+                    graph = row["fwd_graph_ms"]
                     print(f"{label:55s} fwd {row['fwd_ms']:9.3f} ms  fwd+bwd {row['fwd_bwd_ms']:9.3f} ms  "
-                          f"{row['fwd_tflops']:7.2f} TFLOP/s", flush=True)
+                          f"{row['fwd_tflops']:7.2f} TFLOP/s" + (f"  graph fwd {graph:8.3f} ms" if graph else ""),
+                          flush=True)
                 except Exception as e:  # keep going: one failing backend must not lose the other rows
                     report["errors"].append(dict(label=label, error=f"{type(e).__name__}: {e}"[:2000]))
                     print(f"{label:55s} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
                 finally:
-                    if device.type == "cuda":
+                    if cuda:
                         torch.cuda.empty_cache()
                 report["elapsed_s"] = time.time() - start
-                if out_path:
-                    with open(out_path, "w") as f:
-                        json.dump(report, f, indent=1)
+                _write(report, out_path)
+    return report
+
+
+def run_sweep(shapes, dtype, device, reps, budget_s, out_path, variants=VARIANTS):
+    """``sweep_shape`` for every shape and variant within ``budget_s``; ``tuned``: per shape and variant, the best
+    options of each kernel key (``"fwd|BLOCK_M|BLOCK_N|BLOCK_D|terms"``), the entries for ``set_tuned``."""
+    report = dict(_report(device, dtype), sweeps=[], tuned={})
+    start = time.time()
+    for shape in shapes:
+        for variant in variants:
+            label = f"{shape.model}/{shape.block}/{variant}"
+            if time.time() - start > budget_s:
+                report["skipped"].append(label)
+                continue
+            result = sweep_shape(shape, variant, dtype, device, reps, start + budget_s)
+            report["sweeps"].append(dict(label=label, **result))
+            for key, best in result["tuned"].items():
+                print(f"{label:45s} {key:32s} best {best}", flush=True)
+            report["elapsed_s"] = time.time() - start
+            _write(report, out_path)
+    report["tuned"] = {sweep["label"]: sweep["tuned"] for sweep in report["sweeps"]}
+    _write(report, out_path)
     return report
 
 
@@ -272,8 +467,17 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--budget", type=float, default=420.0, help="seconds; later rows are skipped")
     parser.add_argument("--models", default=None, help="comma-separated subset of model names")
-    parser.add_argument("--impls", default="sdpa,triton,triton_rope_unfused,reference")
+    parser.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {', '.join(IMPLS)}")
+    parser.add_argument("--sweep", action="store_true",
+                        help="time the fused kernels over tile shapes / warps / stages instead (see the docstring)")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="with --sweep: which position terms")
     args = parser.parse_args(argv)
+    unknown = set(args.impls.split(",")) - set(IMPLS)
+    if unknown:
+        parser.error(f"unknown --impls {sorted(unknown)}; choose from {', '.join(IMPLS)}")
+    bad_variants = set(args.variants.split(",")) - set(VARIANTS)
+    if bad_variants:
+        parser.error(f"unknown --variants {sorted(bad_variants)}; choose from {', '.join(VARIANTS)}")
 
     if args.dry_run:
         # Must precede the first import of triton in this process (triton fixes its mode then).
@@ -297,9 +501,15 @@ def main(argv=None) -> int:
     if args.models:
         keep = set(args.models.split(","))
         shapes = [s for s in shapes if s.model in keep]
+    if args.sweep:
+        report = run_sweep(shapes, dtype, device, args.reps, args.budget, args.json, tuple(args.variants.split(",")))
+        print(f"{len(report['sweeps'])} sweeps, {len(report['skipped'])} skipped in "
+              f"{report.get('elapsed_s', 0):.0f} s" + (f"; wrote {args.json}" if args.json else ""))
+        return 0 if report["sweeps"] else 1
     report = run_rows(shapes, dtype, device, args.reps, args.budget, args.json, set(args.impls.split(",")))
-    print(f"{len(report['rows'])} rows, {len(report['skipped'])} skipped, {len(report['errors'])} errors in "
-          f"{report.get('elapsed_s', 0):.0f} s" + (f"; wrote {args.json}" if args.json else ""))
+    print(f"{len(report['rows'])} rows, {len(report['skipped'])} skipped, {len(report['errors'])} errors, "
+          f"{len(report['unavailable'])} unavailable in {report.get('elapsed_s', 0):.0f} s"
+          + (f"; wrote {args.json}" if args.json else ""))
     return 1 if report["errors"] and not report["rows"] else 0
 
 
