@@ -115,6 +115,13 @@ def lookhere_bias(fov: Tensor, slopes: Tensor, q_coords: Tensor, k_coords: Tenso
     k = k_coords.to(device=q.device, dtype=torch.float32)
     dy = k[None, :, 0] - q[:, None, 0]  # (Nq, Nk)
     dx = k[None, :, 1] - q[:, None, 1]
+    if torch.compiler.is_compiling():
+        # The same half-plane tests per head (exact in fp32 as well): the distinct-row search below reads the fov
+        # buffer's values into Python, which a compiled graph cannot; the compiler fuses these into one pass.
+        ab = fov.to(device=q.device, dtype=torch.float32)[:, :, :, None, None]  # (H, 2, 2, 1, 1)
+        visible = ((ab[:, 0, 0] * dx + ab[:, 0, 1] * dy >= 0) & (ab[:, 1, 0] * dx + ab[:, 1, 1] * dy >= 0))
+        bias = -slopes.to(device=q.device, dtype=torch.float32)[:, None, None] * torch.hypot(dx, dy)
+        return bias.masked_fill(~visible, float("-inf"))
     # Heads share at most 9 distinct half-planes (incl. "no constraint"): test each once on (Nq, Nk).
     # With a, b in {-1, 0, 1}, a*dx + b*dy is +-dx, +-dy, +-(dx+dy) or +-(dx-dy): exact in fp32.
     rows, which = torch.unique(fov.reshape(-1, 2).cpu(), dim=0, return_inverse=True)
