@@ -203,3 +203,55 @@ def test_cli_refuses_zero_repeats_with_a_clear_message():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert "--repeats: must be at least 1" in proc.stderr
+
+
+def test_flex_cli(tmp_path):
+    # aot_eager: the harness end to end without inductor's code generation (slow on CPU); timings not asserted.
+    res, stdout = _cli(tmp_path, "flex", "--sizes", "128", "--repeats", "1", "--threads", "1", "--no-memory",
+                       "--flex-compile", "aot_eager", "--device", "cpu")
+    assert res["compile_backend"] == "aot_eager" and res["device"] == "cpu"
+    assert {(c["term"], c["method"]) for c in res["checks"]} == {
+        (t, m) for t in ("relpos", "lookhere") for m in ("flex (compiled score_mod)", "materialized")}
+    assert all(c["max_abs_diff_vs_winpos"] < 1e-4 for c in res["checks"])
+    rows = {(r["term"], r["mode"], r["method"]): r for r in res["rows"]}
+    assert len(rows) == 12 and all(r["tokens"] == "8x8" for r in rows.values())
+    for (term, mode, method), r in rows.items():
+        if method.startswith("flex") and mode == "fwd+bwd":  # PyTorch's FlexAttention: no CPU backward
+            assert r["median_ms"] is None and "no CPU backward" in r["note"]
+            continue
+        low, high = r["range_ms"]
+        assert _positive(r["median_ms"]) and low <= r["median_ms"] <= high
+        winpos = rows[(term, mode, "winpos")]["median_ms"]
+        assert math.isclose(r["winpos_speedup"], r["median_ms"] / winpos)
+        assert (r["vs_flex_range"] is None) == (mode == "fwd+bwd")
+    assert "no CPU backward" in stdout
+
+
+@pytest.mark.parametrize("args, message", [(["--sizes", "100"], "multiple of the patch size 16"),
+                                           (["--terms", "rope"], "choose from relpos, lookhere")])
+def test_flex_cli_refuses_bad_arguments(args, message):
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "benchmark.py"), "flex", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_backbone_compiled_rows_are_timed_against_compiled_peers(monkeypatch):
+    # The benchmark compiles with inductor; aot_eager here checks the rows without code generation.
+    from winpos.bench import backbone
+
+    monkeypatch.setattr(backbone, "compiled_model", lambda name, model: torch.compile(
+        model, fullgraph=name.startswith("winpos"), backend="aot_eager"))
+    torch.set_num_threads(1)
+    res = backbone.run(img_size=64, rows=["HieraDet-B+ paper"], repeats=1, warmup=0, flops=False, memory=False,
+                       compile=True)
+    rows = {r["model"]: r for r in res["rows"]}
+    mine, peer = "winpos HieraDet-B+ paper", "sam2 Hiera-B+"
+    assert set(rows) == {mine, peer, mine + backbone.COMPILED, peer + backbone.COMPILED}
+    c = rows[mine + backbone.COMPILED]
+    assert c["peer"] == peer + backbone.COMPILED
+    assert math.isclose(c["speedup_vs_peer"], rows[peer + backbone.COMPILED]["median_s"] / c["median_s"])
+    assert math.isclose(c["speedup_vs_eager"], rows[mine]["median_s"] / c["median_s"])
+    assert rows[mine]["speedup_vs_eager"] is None
+    checks = {ch["model"]: ch["max_rel_err"] for ch in res["output_checks"]}
+    assert checks.keys() == {mine + backbone.COMPILED, peer + backbone.COMPILED}
+    assert all(err < 1e-5 for err in checks.values())

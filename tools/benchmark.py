@@ -5,8 +5,12 @@
         # winpos ViTDet-B / HieraDet-B+ vs detectron2 ViT-B, segment-anything ViT-B, sam2 and timm Hiera-B+:
         # time, speedup over the peer, fvcore GFLOPs, fraction of measured matmul throughput, peak memory,
         # with --profile N the top-N ops (self time) of each winpos row next to its peer's
+        # --compile adds a "(compiled)" row (torch.compile, inductor) for every row, timed against the compiled peer
     python tools/benchmark.py posemb [--size 1024]
         # winpos relpos vs materialized (and no relpos), one ViTDet-B global block (fwd, fwd+bwd)
+    python tools/benchmark.py flex [--sizes 1024,1536] [--terms relpos,lookhere] [--device cpu|cuda]
+        # winpos's path vs FlexAttention (compiled score_mod / block mask) vs a materialized bias, one ViTDet-B
+        # global block per size: fwd and fwd+bwd, medians with per-round ranges, peak memory
     python tools/benchmark.py scaling [--preset vitdet_b] [--sizes 256,384,512,512x768,768] [--plot out.png]
         # time and memory vs input size per encoding, fitted growth exponent (time ~ tokens^k)
     python tools/benchmark.py train [--which hieradet|vitdet] [--encodings abswin,rope] [--iters 5] [--bf16]
@@ -16,7 +20,7 @@
 
 Options after every subcommand but kernels: --json OUT (every number; not measured = null; an existing file is
 replaced only with --force), --threads N (torch intra-op threads, default 2), --warmup N (untimed calls first,
-default 1). backbone, posemb and scaling also take
+default 1). backbone, posemb, flex and scaling also take
 --repeats N and --no-memory (skip the peak memory, which on CPU spawns one process per row). The report goes to
 stdout as markdown tables, progress bars to stderr (TQDM_DISABLE=1 hides them). Every argument is checked before
 any timing starts; a bad one gets one "error:" line and exit status 2.
@@ -60,6 +64,28 @@ def _csv(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
+def _px_list(text: str) -> list[int]:
+    sizes = []
+    for part in _csv(text):
+        if not part.isdigit() or int(part) < 16 or int(part) % 16:
+            raise argparse.ArgumentTypeError(f"{part!r} is not an image size in px that is a multiple of the patch "
+                                             "size 16, e.g. 1024")
+        sizes.append(int(part))
+    if not sizes:
+        raise argparse.ArgumentTypeError("give at least one size, e.g. 1024")
+    return sizes
+
+
+def _terms(text: str) -> list[str]:
+    from winpos.bench.posemb import FLEX_TERMS
+
+    terms = _csv(text)
+    bad = [t for t in terms if t not in FLEX_TERMS]
+    if bad or not terms:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(FLEX_TERMS)} (comma-separated)")
+    return terms
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -82,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measure peak memory of one call per row (default on; --no-memory for a quick run)")
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,scaling,train,kernels}")
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,flex,scaling,train,kernels}")
 
     p = sub.add_parser("backbone", parents=[common, memory], help="full backbones vs their peers")
     p.add_argument("--which", default="all", choices=["all", "vitdet", "hiera"], help="backbone families")
@@ -96,6 +122,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", type=nonnegative_int, default=0, metavar="N",
                    help="top-N ops (torch.profiler self time) of each winpos row and its peer (default 0: off)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--compile", action="store_true",
+                   help="also time every row compiled (torch.compile, inductor; compile time excluded)")
+
+    p = sub.add_parser("flex", parents=[common, memory], help="winpos vs FlexAttention vs materialized, one block")
+    p.add_argument("--sizes", type=_px_list, default=[1024, 1536], metavar="PX[,PX]",
+                   help="image sizes in px of the ViTDet-B global block (multiples of 16; default 1024,1536)")
+    p.add_argument("--terms", type=_terms, default=["relpos", "lookhere"], help="relpos, lookhere or both")
+    p.add_argument("--repeats", type=_positive, default=5)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--flex-compile", default="inductor", choices=["inductor", "aot_eager"],
+                   help="FlexAttention's compile backend (aot_eager: unfused, only to check the harness quickly)")
 
     p = sub.add_parser("posemb", parents=[common, memory], help="winpos relpos vs materialized relpos")
     p.add_argument("--size", type=positive_int, default=1024, help="image size in px of the ViTDet-B global block "
@@ -155,11 +192,16 @@ def main(argv=None) -> int:
 
         result = backbone.run(img_size=args.size, which=args.which, repeats=args.repeats, bf16=args.bf16,
                               flops=args.flops, memory=args.memory, profile=args.profile,
-                              device=device, warmup=args.warmup, rows=args.rows)
+                              device=device, warmup=args.warmup, rows=args.rows, compile=args.compile)
     elif args.what == "posemb":
         from winpos.bench import posemb
 
         result = posemb.run(grid=args.size // 16, repeats=args.repeats, warmup=args.warmup, memory=args.memory)
+    elif args.what == "flex":
+        from winpos.bench import posemb
+
+        result = posemb.run_flex(sizes=args.sizes, terms=args.terms, repeats=args.repeats, warmup=args.warmup,
+                                 memory=args.memory, device=device, compile_backend=args.flex_compile)
     elif args.what == "scaling":
         from winpos.bench import scaling
 

@@ -9,6 +9,10 @@ Per row: median seconds after warm-up (all rows called round-robin), speedup ove
 the range of the per-round ratios: how far this machine's noise moves it), fvcore GFLOPs and
 the fraction of the measured matmul throughput they reach, peak memory of one forward (RSS growth in a spawned
 process on CPU, max allocated on CUDA), and with ``profile`` the top ops of each winpos row next to its peer's.
+
+With ``compile`` every row is also timed compiled (``torch.compile``, inductor; winpos rows with
+``fullgraph=True``, the peers as they trace), as the row ``"<name> (compiled)"`` against its compiled peer; the
+compile happens in an untimed first call and its output is compared with the eager row's.
 """
 from __future__ import annotations
 
@@ -50,9 +54,33 @@ def _forward_fn(model, x, bf16=False):
     return run
 
 
+COMPILED = " (compiled)"
+
+
+def compiled_model(name: str, model):
+    """``torch.compile`` of row ``name``'s model: one graph (``fullgraph``) for winpos, the peers as they trace."""
+    return torch.compile(model, fullgraph=name.startswith("winpos"))
+
+
+def _base(name: str) -> str:
+    return name[:-len(COMPILED)] if name.endswith(COMPILED) else name
+
+
+def _peer(name: str):
+    """The row ``name`` is timed against: its peer, compiled when ``name`` is."""
+    peer = ROWS[_base(name)].peer
+    return peer + COMPILED if peer and name.endswith(COMPILED) else peer
+
+
 def forward_closure(name: str, img_size: int):
-    """Module-level builder for ``peak_rss_mib``: the CPU forward of row ``name``, model built in the child."""
-    return _forward_fn(build_model(name, img_size), _input(img_size))
+    """Module-level builder for ``peak_rss_mib``: the CPU forward of row ``name``, model built in the child (a
+    compiled row is compiled and called once first, so its peak is a forward's, not the compiler's)."""
+    model = build_model(_base(name), img_size)
+    if name.endswith(COMPILED):
+        fn = _forward_fn(compiled_model(name, model), _input(img_size))
+        fn()
+        return fn
+    return _forward_fn(model, _input(img_size))
 
 
 def _max_rel(a, b) -> float:
@@ -60,10 +88,11 @@ def _max_rel(a, b) -> float:
 
 
 def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=True, profile=0, device="cpu",
-        warmup=1, rows=None) -> dict:
+        warmup=1, rows=None, compile=False) -> dict:
     """Time every row of ``which`` (``"all"``, ``"vitdet"``, ``"hiera"``) at ``img_size``; print the tables and
     return every number. ``profile``: show the top-``profile`` ops of each winpos row and its peer (0: off).
-    ``rows``: only the rows whose name contains one of these strings, with their peers (``peers.rows_for``)."""
+    ``rows``: only the rows whose name contains one of these strings, with their peers (``peers.rows_for``).
+    ``compile``: also every row compiled (see the module docstring)."""
     cuda = torch.device(device).type == "cuda"
     torch.manual_seed(0)
     names = rows_for(which, rows)
@@ -76,13 +105,24 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
     models = {name: built[name].to(device) for name in names}
     x = _input(img_size, device)
     fns = {name: _forward_fn(m, x) for name, m in models.items()}
+    eager_names = names
+    if compile:
+        names = names + [n + COMPILED for n in names]
+        bar = progress(len(eager_names), "compiling")
+        for name in eager_names:
+            fns[name + COMPILED] = _forward_fn(compiled_model(name, models[name]), x)
+            fns[name + COMPILED]()  # the compile, untimed even with --warmup 0
+            bar.update()
+        bar.close()
     mem_key = "peak_cuda_alloc_mib" if cuda else "peak_rss_mib"
     results = {"img_size": img_size, "device": str(device), "threads": torch.get_num_threads(), "repeats": repeats,
                "warmup": warmup, "rows_filter": list(rows or []), "memory_column": mem_key if memory else None,
-               "rows": []}
+               "compiled": bool(compile), "rows": []}
 
     checks = [{"model": n, "source": ROWS[n].source, "max_rel_err": _max_rel(fns[n](), fns[ROWS[n].source]())}
-              for n in names if ROWS[n].source in models]
+              for n in eager_names if ROWS[n].source in models]
+    checks += [{"model": n + COMPILED, "source": n + " (eager)", "max_rel_err": _max_rel(fns[n + COMPILED](), fns[n]())}
+               for n in eager_names if compile]
     results["output_checks"] = checks
     rounds = interleaved_times(fns, repeats=repeats, warmup=warmup, desc="timing fp32")
     times = {name: statistics.median(ts) for name, ts in rounds.items()}
@@ -96,20 +136,25 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
         bar.close()
     peak = matmul_gflops_per_s(device=device)
     results["matmul_gflops_per_s"] = peak
+    gflops = {}
     for name in names:
-        peer = ROWS[name].peer
+        peer = _peer(name)
         # Traced with grad enabled: under no_grad winpos' abs embeddings return a cached grid, which the tracer
-        # would have to freeze into the graph.
-        gf = count_gflops(models[name], x) if flops else None
+        # would have to freeze into the graph. A compiled row does the eager row's flops.
+        if flops and _base(name) not in gflops:
+            gflops[_base(name)] = count_gflops(models[_base(name)], x)
+        gf = gflops.get(_base(name))
         results["rows"].append({
             "model": name, "peer": peer, "median_s": times[name],
             "speedup_vs_peer": times[peer] / times[name] if peer in times else None,
             "speedup_range": _range(round_ratios(rounds[peer], rounds[name])) if peer in rounds else None,
             "round_s": rounds[name],
+            "speedup_vs_eager": times[_base(name)] / times[name] if name.endswith(COMPILED) else None,
             "gflops": gf, "fraction_of_matmul_peak": gf / times[name] / peak if gf is not None else None,
             mem_key: mem.get(name),
         })
 
+    names = eager_names  # bf16 and profiles: eager rows
     if bf16:
         bf_fns = {name: _forward_fn(m, x, bf16=True) for name, m in models.items()}
         bf_times = interleaved_medians(bf_fns, repeats=repeats, warmup=warmup, desc="timing bf16")
@@ -124,7 +169,7 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
         profiled = list(dict.fromkeys(mine + [ROWS[n].peer for n in mine if ROWS[n].peer in fns]))
         results["profile"] = {n: top_ops(fns[n], top=profile, cuda=cuda) for n in profiled}
 
-    _report(results, names, bf16, profile)
+    _report(results, eager_names + ([n + COMPILED for n in eager_names] if compile else []), bf16, profile)
     return results
 
 
@@ -144,13 +189,14 @@ def _report(results, names, bf16, profile):
     refs = "; ".join(f"{fam} reference: {ref}" for fam, ref in REFERENCE.items() if ref in names)
     print_table(f"backbones (speedup = peer time / this row's time{'; ' + refs if refs else ''})", results["rows"],
                 ["model", "peer", "median_s", "speedup_vs_peer", "speedup_range", "gflops", "fraction_of_matmul_peak"]
+                + (["speedup_vs_eager"] if results["compiled"] else [])
                 + ([mem_key] if mem_key else []))
     if bf16:
         print_table("bf16 autocast", results["bf16"],
                     ["model", "median_s", "speedup_vs_fp32", "speedup_vs_peer", "max_rel_err_vs_fp32"])
     if profile:
         prof = results["profile"]
-        for name in [n for n in names if n.startswith("winpos")]:
+        for name in [n for n in names if n.startswith("winpos") and not n.endswith(COMPILED)]:
             peer = ROWS[name].peer
             if peer not in prof:
                 continue
