@@ -373,8 +373,9 @@ def test_zero_shot_evaluates_the_start_without_training_and_can_zero_the_embeddi
 
 
 def test_pool_hands_free_cores_to_the_runs_still_going(tmp_path, monkeypatch):
-    """Once no run is left to start, each run that ends writes the remaining runs' new thread share; a stale file
-    from an earlier pool is removed before a run starts (it must begin at one thread)."""
+    """Once no run is left to start, each run that ends writes the remaining runs' new thread share, also into a
+    folder the run has not made yet (its process is still starting); a stale file from an earlier pool is removed
+    before a run starts (it must begin at one thread)."""
     import threading
 
     release = {n: threading.Event() for n in "abc"}
@@ -382,25 +383,29 @@ def test_pool_hands_free_cores_to_the_runs_still_going(tmp_path, monkeypatch):
 
     def fake_launch(spec, log):
         release[spec["name"]].wait(10)
-        seen[spec["name"]] = (Path(spec["out"]) / R.THREADS_FILE).read_text() if (
-            Path(spec["out"]) / R.THREADS_FILE).is_file() else None
+        share = Path(spec["out"]) / R.THREADS_FILE
+        seen[spec["name"]] = share.read_text() if share.is_file() else None
         return {"name": spec["name"]}
 
     monkeypatch.setattr(R, "_launch", fake_launch)
-    specs = []
-    for n in "abc":
-        (tmp_path / n).mkdir()
-        specs.append(dict(name=n, out=str(tmp_path / n)))
-    (tmp_path / "c" / R.THREADS_FILE).write_text("7")  # stale
+    specs = [dict(name=n, out=str(tmp_path / n)) for n in "abc"]
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / R.THREADS_FILE).write_text("7")  # stale, from an earlier pool
     pool = threading.Thread(target=lambda: seen.setdefault("result", R._pool(specs, 2, print)))
     pool.start()
-    release["a"].set()  # a ends while b runs: c starts (stale file removed), nothing is shared yet
-    for _ in range(200):
-        if not (tmp_path / "c" / R.THREADS_FILE).exists():
+    for _ in range(500):  # b has started: its stale file is gone
+        if not (tmp_path / "b" / R.THREADS_FILE).exists():
             break
         threading.Event().wait(0.01)
+    release["a"].set()  # a ends while b runs and c is still to start: nothing is shared yet
+    for _ in range(500):  # c has started (nothing made its folder)
+        if not pool.is_alive() or len(seen) >= 1:
+            break
+        threading.Event().wait(0.01)
+    threading.Event().wait(0.2)
+    assert not (tmp_path / "c").exists()
     release["b"].set()  # b ends, nothing left to start: c alone may use both cores
-    for _ in range(200):
+    for _ in range(500):
         if (tmp_path / "c" / R.THREADS_FILE).is_file():
             break
         threading.Event().wait(0.01)

@@ -355,9 +355,9 @@ def _pool(specs, workers, log) -> list[dict]:
                 state["active"].remove(spec["out"])
                 if state["unstarted"] == 0 and state["active"]:
                     share = max(1, workers // len(state["active"]))
-                    for out in state["active"]:
-                        if os.path.isdir(out):
-                            atomic_write(os.path.join(out, THREADS_FILE), lambda f: f.write(str(share)), "w")
+                    for out in state["active"]:  # a run just started may not have made its folder yet
+                        os.makedirs(out, exist_ok=True)
+                        atomic_write(os.path.join(out, THREADS_FILE), lambda f: f.write(str(share)), "w")
 
     with ThreadPoolExecutor(max_workers=workers) as ex:
         return list(ex.map(one, specs))
