@@ -105,25 +105,15 @@ def make_pos(shape: Shape, variant: str, device):
     return PositionTerms()
 
 
-def sdpa_baseline(q, k, v, window, pos, backends):
-    """Partition copies + SDPA (+ materialized bias) + unpartition."""
-    import torch
+def sdpa_groups(qg, kg, vg, q_win, k_win, pos, backends):
+    """SDPA over attention groups ``(groups, heads, N, D)`` with the position terms applied the unfused way: RoPE
+    by PyTorch on q and k, relpos and LookHere as a materialized ``(groups, heads, Nq, Nk)`` bias."""
     import torch.nn.functional as F
     from torch.nn.attention import sdpa_kernel
 
     from winpos.posemb.relpos import rel_bias_dense
     from winpos.posemb.rope import apply_rope
-    from winpos.windows import window_partition, window_unpartition
 
-    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
-    pool = k_hw[0] // q_hw[0]
-    q_win, k_win = ((window // pool,) * 2, (window,) * 2) if window else (q_hw, k_hw)
-
-    def groups(x, win):
-        x = window_partition(x, win[0]) if window else x.flatten(1, 2)
-        return x.transpose(1, 2)  # (groups, heads, N, D)
-
-    qg, kg, vg = groups(q, q_win), groups(k, k_win), groups(v, k_win)
     if pos.rope is not None:
         t = pos.rope.tables(q_win, k_win)
         qg = apply_rope(qg, t.cos_q, t.sin_q, t.rot_dims, t.pairing)
@@ -134,7 +124,22 @@ def sdpa_baseline(q, k, v, window, pos, backends):
     if pos.lookhere is not None:
         bias = pos.lookhere.bias(q_win, k_win).to(qg.dtype).expand(qg.shape[0], -1, -1, -1)
     with sdpa_kernel(backends):
-        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias)
+        return F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias)
+
+
+def sdpa_baseline(q, k, v, window, pos, backends):
+    """Partition copies of q, k and v + SDPA (+ materialized bias) + unpartition."""
+    from winpos.windows import window_partition, window_unpartition
+
+    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+    pool = k_hw[0] // q_hw[0]
+    q_win, k_win = ((window // pool,) * 2, (window,) * 2) if window else (q_hw, k_hw)
+
+    def groups(x, win):
+        x = window_partition(x, win[0]) if window else x.flatten(1, 2)
+        return x.transpose(1, 2)  # (groups, heads, N, D)
+
+    out = sdpa_groups(groups(q, q_win), groups(k, k_win), groups(v, k_win), q_win, k_win, pos, backends)
     out = out.transpose(1, 2)
     return window_unpartition(out, q_win[0], q_hw) if window else out.reshape(q.shape)
 
@@ -160,11 +165,6 @@ def split_qkv(qkv, pool: int):
 def sdpa_xpart(qkv, window, pool, pos, backends):
     """The model's partition-x-once path: one window-partition copy of the whole projection output, q / k / v as
     views of it (pooled queries: every ``pool``-th token inside each window), SDPA, one unpartition copy."""
-    import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
-
-    from winpos.posemb.relpos import rel_bias_dense
-    from winpos.posemb.rope import apply_rope
     from winpos.windows import window_partition, window_unpartition
 
     B, H, W, _, n, D = qkv.shape
@@ -175,18 +175,7 @@ def sdpa_xpart(qkv, window, pool, pos, backends):
     qg = parts[:, ::pool, ::pool, 0].reshape(-1, qw * qw, n, D).transpose(1, 2)
     kg = parts[:, :, :, 1].reshape(-1, window * window, n, D).transpose(1, 2)
     vg = parts[:, :, :, 2].reshape(-1, window * window, n, D).transpose(1, 2)
-    q_win, k_win = (qw, qw), (window, window)
-    if pos.rope is not None:
-        t = pos.rope.tables(q_win, k_win)
-        qg = apply_rope(qg, t.cos_q, t.sin_q, t.rot_dims, t.pairing)
-        kg = apply_rope(kg, t.cos_k, t.sin_k, t.rot_dims, t.pairing)
-    bias = None
-    if pos.rel_pos is not None:
-        bias = rel_bias_dense(qg, *pos.rel_pos, q_win, k_win)
-    if pos.lookhere is not None:
-        bias = pos.lookhere.bias(q_win, k_win).to(qg.dtype).expand(qg.shape[0], -1, -1, -1)
-    with sdpa_kernel(backends):
-        out = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=bias)
+    out = sdpa_groups(qg, kg, vg, (qw, qw), (window, window), pos, backends)
     return window_unpartition(out.transpose(1, 2), qw, (H // pool, W // pool))
 
 
