@@ -89,13 +89,14 @@ def test_sweep_times_every_configuration_and_restores_the_defaults(monkeypatch):
     again afterwards."""
     import time
 
+    from winpos.bench import kernel_sweep
     from winpos.kernels import attention_fwd_bwd as A
 
-    monkeypatch.setattr(bench, "SWEEP_BLOCKS", ((16, 16), (32, 32), (64, 64)))
-    monkeypatch.setattr(bench, "SWEEP_WARPS", (2, 4))
-    monkeypatch.setattr(bench, "SWEEP_STAGES", (2,))
+    monkeypatch.setattr(kernel_sweep, "SWEEP_BLOCKS", ((16, 16), (32, 32), (64, 64)))
+    monkeypatch.setattr(kernel_sweep, "SWEEP_WARPS", (2, 4))
+    monkeypatch.setattr(kernel_sweep, "SWEEP_STAGES", (2,))
     shape = bench.dry_run_shapes()[0]  # 4x4 windows: 16 tokens, so 64-wide tiles (> 2x the window) are not tried
-    result = bench.sweep_shape(shape, "none", torch.float32, torch.device("cpu"), 1, time.time() + 600)
+    result = kernel_sweep.sweep_shape(shape, "none", torch.float32, torch.device("cpu"), 1, time.time() + 600)
     assert not result["cut_short"]
     assert [(t["blocks"], t["num_warps"]) for t in result["trials"]] == [
         ([16, 16], 2), ([16, 16], 4), ([32, 32], 2), ([32, 32], 4)]

@@ -387,7 +387,9 @@ def test_pool_hands_free_cores_to_the_runs_still_going(tmp_path, monkeypatch):
         seen[spec["name"]] = share.read_text() if share.is_file() else None
         return {"name": spec["name"]}
 
-    monkeypatch.setattr(R, "_launch", fake_launch)
+    from winpos.d2 import run_pool
+
+    monkeypatch.setattr(run_pool, "launch", fake_launch)
     specs = [dict(name=n, out=str(tmp_path / n)) for n in "abc"]
     (tmp_path / "b").mkdir()
     (tmp_path / "b" / R.THREADS_FILE).write_text("7")  # stale, from an earlier pool

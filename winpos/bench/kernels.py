@@ -315,55 +315,6 @@ def bench_row(shape: Shape, variant: str, impl: str, dtype, device, reps: int, r
     return row, out
 
 
-SWEEP_BLOCKS = ((16, 16), (16, 64), (32, 32), (64, 32), (64, 64), (128, 64))
-SWEEP_WARPS = (2, 4, 8)
-SWEEP_STAGES = (2, 3)
-
-
-def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: float) -> dict:
-    """The fused kernels of one shape and variant over ``SWEEP_BLOCKS`` x ``SWEEP_WARPS`` x ``SWEEP_STAGES``
-    (tiles no larger than twice the window's tokens); returns every timing and the fastest options per kernel
-    (``"fwd"`` from the forward, ``"bwd"`` from forward+backward minus the forward) as ``TUNED`` entries."""
-    from winpos.kernels import attention_fwd_bwd as A
-    from winpos.kernels import window_attention
-
-    cuda = device.type == "cuda"
-    qkv = _inputs(shape, dtype, device)
-    pos = make_pos(shape, variant, device)
-    plan = _plan(shape)
-    nq, nk = plan.qwh * plan.qww, plan.kwh * plan.kww
-    trials, best = [], {}
-    try:
-        for bm, bn in SWEEP_BLOCKS:
-            if bm > 2 * max(nq, 16) or bn > 2 * max(nk, 16):
-                continue
-            for warps in SWEEP_WARPS:
-                for stages in SWEEP_STAGES:
-                    if time.time() > deadline:
-                        return {"trials": trials, "tuned": best, "cut_short": True}
-                    args = dict(HAS_ROPE=pos.rope is not None, HAS_REL=pos.rel_pos is not None,
-                                HAS_LH=pos.lookhere is not None, BLOCK_M=bm, BLOCK_N=bn,
-                                BLOCK_D=max(16, 1 << (shape.head_dim - 1).bit_length()))
-                    opts = {"num_warps": warps, "num_stages": stages}
-                    A.set_tuned({A.launch_key(args, False): opts, A.launch_key(args, True): opts})
-                    fn = lambda x, b=(bm, bn): window_attention(*split_qkv(x, shape.pool), window=shape.window,
-                                                                pos=pos, blocks=b)
-                    try:
-                        t = _time_fn(fn, qkv, cuda, reps)
-                    except Exception as e:  # a configuration that does not compile (registers, shared memory)
-                        trials.append(dict(blocks=[bm, bn], **opts, error=f"{type(e).__name__}: {e}"[:200]))
-                        continue
-                    fwd, bwd = t["fwd"]["ms"], t["fwd_bwd"]["ms"] - t["fwd"]["ms"]
-                    trials.append(dict(blocks=[bm, bn], **opts, fwd_ms=fwd, bwd_ms=bwd))
-                    for kernel, ms in (("fwd", fwd), ("bwd", bwd)):
-                        key = "|".join(map(str, A.launch_key(args, kernel == "bwd")))
-                        if key not in best or ms < best[key]["ms"]:
-                            best[key] = dict(opts, blocks=[bm, bn], ms=ms)
-    finally:
-        A.set_tuned({})
-    return {"trials": trials, "tuned": best, "cut_short": False}
-
-
 def _write(report: dict, out_path) -> None:
     if out_path:
         from winpos.outputs import atomic_write
@@ -425,28 +376,6 @@ def run_rows(shapes, dtype, device, reps, budget_s, out_path, impls):
     return report
 
 
-def run_sweep(shapes, dtype, device, reps, budget_s, out_path, variants=VARIANTS):
-    """``sweep_shape`` for every shape and variant within ``budget_s``; ``tuned``: per shape and variant, the best
-    options of each kernel key (``"fwd|BLOCK_M|BLOCK_N|BLOCK_D|terms"``), the entries for ``set_tuned``."""
-    report = dict(_report(device, dtype), sweeps=[], tuned={})
-    start = time.time()
-    for shape in shapes:
-        for variant in variants:
-            label = f"{shape.model}/{shape.block}/{variant}"
-            if time.time() - start > budget_s:
-                report["skipped"].append(label)
-                continue
-            result = sweep_shape(shape, variant, dtype, device, reps, start + budget_s)
-            report["sweeps"].append(dict(label=label, **result))
-            for key, best in result["tuned"].items():
-                print(f"{label:45s} {key:32s} best {best}", flush=True)
-            report["elapsed_s"] = time.time() - start
-            _write(report, out_path)
-    report["tuned"] = {sweep["label"]: sweep["tuned"] for sweep in report["sweeps"]}
-    _write(report, out_path)
-    return report
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None, help="write results here (rewritten after every row)")
@@ -491,6 +420,8 @@ def main(argv=None) -> int:
         keep = set(args.models.split(","))
         shapes = [s for s in shapes if s.model in keep]
     if args.sweep:
+        from .kernel_sweep import run_sweep
+
         report = run_sweep(shapes, dtype, device, args.reps, args.budget, args.json, tuple(args.variants.split(",")))
         print(f"{len(report['sweeps'])} sweeps, {len(report['skipped'])} skipped in "
               f"{report.get('elapsed_s', 0):.0f} s" + (f"; wrote {args.json}" if args.json else ""))

@@ -259,7 +259,7 @@ def build_optimizer(cfg, model):
 
 class ThreadShareHook(hooks.HookBase):
     """Sets the run's torch threads to the count in ``path`` when it changes (a pool of one-thread runs writes it
-    when cores come free, ``winpos.d2.reproduce._pool``): checked every ``every`` iterations and before the final
+    when cores come free, ``winpos.d2.run_pool.run_pool``): checked every ``every`` iterations and before the final
     evaluation, in the training thread (OpenMP's thread count belongs to the calling thread)."""
 
     def __init__(self, path: str, every: int = 10):

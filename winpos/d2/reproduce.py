@@ -27,13 +27,13 @@ import json
 import logging
 import math
 import os
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from winpos.d2.run_pool import THREADS_FILE
+from winpos.d2.run_pool import launch as _launch
+from winpos.d2.run_pool import run_pool as _pool
 from winpos.errors import WinposError
 
 logger = logging.getLogger(__name__)
@@ -249,9 +249,6 @@ def run_one(spec: dict) -> dict:
     return out
 
 
-THREADS_FILE = "threads"  # in a run's folder: how many torch threads the pool lets it use now
-
-
 def evaluate_checkpoint_cfg(cfg, checkpoint: str | None = None, zero_embedding: bool = False) -> dict:
     """Box / mask AP of ``checkpoint`` (default: the run's ``model_final.pth``) on the run's test set;
     ``zero_embedding`` sets the token embedding to zero first (how much the detector relies on it)."""
@@ -273,25 +270,6 @@ def evaluate_checkpoint_cfg(cfg, checkpoint: str | None = None, zero_embedding: 
         logger.info(f"token embedding set to zero ({sum(p.numel() for p in zeroed)} values)")
     model.eval()
     return evaluate(cfg, model, os.path.join(cfg.train.output_dir, "inference"), progress=False)
-
-
-def _launch(spec: dict, log) -> dict:
-    result = Path(spec["out"]) / "result.json"
-    if result.is_file():
-        return json.loads(result.read_text())
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    t0 = time.time()
-    log(f"start {spec['name']}")
-    proc = subprocess.run([sys.executable, "-c", "import json,sys; from winpos.d2.reproduce import run_one; "
-                           "run_one(json.loads(sys.argv[1]))", json.dumps(spec)],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if proc.returncode != 0 or not result.is_file():
-        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-        raise WinposError(f"run {spec['name']} failed (exit {proc.returncode}); its log: {spec['out']}/log.txt\n{tail}")
-    out = json.loads(result.read_text())
-    log(f"done  {spec['name']}: box AP {out['bbox']['AP']:.1f}, mask AP {out['segm']['AP']:.1f} "
-        f"({(time.time() - t0) / 60:.1f} min)")
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ orchestration
@@ -329,38 +307,6 @@ def no_embedding_spec(p: Protocol, encoding: str) -> dict:
     spec = stage1_spec(p, encoding)
     return dict(spec, name=f"stage1/{encoding}/no-embedding", iters=0, zero_embedding=True,
                 init=str(Path(spec["out"]) / "model_final.pth"), out=str(Path(spec["out"]) / "no-embedding"))
-
-
-def _pool(specs, workers, log) -> list[dict]:
-    """Run ``specs`` as one-thread subprocesses, ``workers`` at a time; results in spec order. Once every spec has
-    started, each run that ends hands its core to the runs still going (``ThreadShareHook``)."""
-    if not specs:
-        return []
-    from threading import Lock
-
-    from winpos.outputs import atomic_write
-
-    lock, state = Lock(), {"unstarted": len(specs), "active": []}  # outs of the runs going now
-
-    def one(spec):
-        stale = Path(spec["out"]) / THREADS_FILE  # from an earlier pool: the run starts at one thread
-        stale.unlink(missing_ok=True)
-        with lock:
-            state["unstarted"] -= 1
-            state["active"].append(spec["out"])
-        try:
-            return _launch(spec, log)
-        finally:
-            with lock:
-                state["active"].remove(spec["out"])
-                if state["unstarted"] == 0 and state["active"]:
-                    share = max(1, workers // len(state["active"]))
-                    for out in state["active"]:  # a run just started may not have made its folder yet
-                        os.makedirs(out, exist_ok=True)
-                        atomic_write(os.path.join(out, THREADS_FILE), lambda f: f.write(str(share)), "w")
-
-    with ThreadPoolExecutor(max_workers=workers) as ex:
-        return list(ex.map(one, specs))
 
 
 def run_protocol(p: Protocol, log=print, report_only: bool = False, after_stage1=None) -> dict:

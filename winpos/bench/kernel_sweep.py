@@ -1,0 +1,82 @@
+"""The block-configuration sweep of the fused kernels (``python -m winpos.bench.kernels --sweep``): per shape and
+position term, every tile shape x warps x stages through the kernels' tuning hook
+(``winpos.kernels.attention_fwd_bwd.set_tuned``), timed like the benchmark's rows; the fastest options per kernel
+key are the candidate ``TUNED`` table for the GPU that ran it.
+"""
+from __future__ import annotations
+
+import time
+
+from .kernels import VARIANTS, Shape, _inputs, _plan, _report, _time_fn, _write, make_pos, split_qkv
+
+__all__ = ["SWEEP_BLOCKS", "SWEEP_STAGES", "SWEEP_WARPS", "run_sweep", "sweep_shape"]
+
+SWEEP_BLOCKS = ((16, 16), (16, 64), (32, 32), (64, 32), (64, 64), (128, 64))
+SWEEP_WARPS = (2, 4, 8)
+SWEEP_STAGES = (2, 3)
+
+
+def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: float) -> dict:
+    """The fused kernels of one shape and variant over ``SWEEP_BLOCKS`` x ``SWEEP_WARPS`` x ``SWEEP_STAGES``
+    (tiles no larger than twice the window's tokens); returns every timing and the fastest options per kernel
+    (``"fwd"`` from the forward, ``"bwd"`` from forward+backward minus the forward) as ``TUNED`` entries."""
+    from winpos.kernels import attention_fwd_bwd as A
+    from winpos.kernels import window_attention
+
+    cuda = device.type == "cuda"
+    qkv = _inputs(shape, dtype, device)
+    pos = make_pos(shape, variant, device)
+    plan = _plan(shape)
+    nq, nk = plan.qwh * plan.qww, plan.kwh * plan.kww
+    trials, best = [], {}
+    try:
+        for bm, bn in SWEEP_BLOCKS:
+            if bm > 2 * max(nq, 16) or bn > 2 * max(nk, 16):
+                continue
+            for warps in SWEEP_WARPS:
+                for stages in SWEEP_STAGES:
+                    if time.time() > deadline:
+                        return {"trials": trials, "tuned": best, "cut_short": True}
+                    args = dict(HAS_ROPE=pos.rope is not None, HAS_REL=pos.rel_pos is not None,
+                                HAS_LH=pos.lookhere is not None, BLOCK_M=bm, BLOCK_N=bn,
+                                BLOCK_D=max(16, 1 << (shape.head_dim - 1).bit_length()))
+                    opts = {"num_warps": warps, "num_stages": stages}
+                    A.set_tuned({A.launch_key(args, False): opts, A.launch_key(args, True): opts})
+                    fn = lambda x, b=(bm, bn): window_attention(*split_qkv(x, shape.pool), window=shape.window,
+                                                                pos=pos, blocks=b)
+                    try:
+                        t = _time_fn(fn, qkv, cuda, reps)
+                    except Exception as e:  # a configuration that does not compile (registers, shared memory)
+                        trials.append(dict(blocks=[bm, bn], **opts, error=f"{type(e).__name__}: {e}"[:200]))
+                        continue
+                    fwd, bwd = t["fwd"]["ms"], t["fwd_bwd"]["ms"] - t["fwd"]["ms"]
+                    trials.append(dict(blocks=[bm, bn], **opts, fwd_ms=fwd, bwd_ms=bwd))
+                    for kernel, ms in (("fwd", fwd), ("bwd", bwd)):
+                        key = "|".join(map(str, A.launch_key(args, kernel == "bwd")))
+                        if key not in best or ms < best[key]["ms"]:
+                            best[key] = dict(opts, blocks=[bm, bn], ms=ms)
+    finally:
+        A.set_tuned({})
+    return {"trials": trials, "tuned": best, "cut_short": False}
+
+
+def run_sweep(shapes, dtype, device, reps, budget_s, out_path, variants=VARIANTS):
+    """``sweep_shape`` for every shape and variant within ``budget_s``; ``tuned``: per shape and variant, the best
+    options of each kernel key (``"fwd|BLOCK_M|BLOCK_N|BLOCK_D|terms"``), the entries for ``set_tuned``."""
+    report = dict(_report(device, dtype), sweeps=[], tuned={})
+    start = time.time()
+    for shape in shapes:
+        for variant in variants:
+            label = f"{shape.model}/{shape.block}/{variant}"
+            if time.time() - start > budget_s:
+                report["skipped"].append(label)
+                continue
+            result = sweep_shape(shape, variant, dtype, device, reps, start + budget_s)
+            report["sweeps"].append(dict(label=label, **result))
+            for key, best in result["tuned"].items():
+                print(f"{label:45s} {key:32s} best {best}", flush=True)
+            report["elapsed_s"] = time.time() - start
+            _write(report, out_path)
+    report["tuned"] = {sweep["label"]: sweep["tuned"] for sweep in report["sweeps"]}
+    _write(report, out_path)
+    return report
