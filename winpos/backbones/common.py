@@ -10,13 +10,14 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from winpos.attention import PositionTerms, attention, resolve_backend
+from winpos.backbones.fused import linear_add, linear_gelu
 from winpos.errors import WinposError, check_choice
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 from winpos.posemb.relpos import rel_pos_parameters
 from winpos.windows import PAD_MODES, window_partition, window_unpartition
 
 __all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS", "Attention",
-           "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "as_block_position", "check_image",
+           "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "add_mlp_branch", "as_block_position", "check_image",
            "init_weights", "is_position_param", "make_token_embedding", "may_keep_init"]
 
 POS_EMBEDS = ("none", "abs", "abswin", "abswin_recursive")
@@ -133,8 +134,18 @@ class Mlp(nn.Module):
         self.act = act()
         self.fc2 = nn.Linear(hidden, out or dim)
 
-    def forward(self, x):
-        return self.fc2(self.act(self.fc1(x)))
+    def forward(self, x, residual=None):
+        """``fc2(act(fc1(x)))``, plus ``residual`` if given (fused on CPU in inference: ``winpos.backbones.fused``)."""
+        h = linear_gelu(x, self.fc1, self.act)
+        return self.fc2(h) if residual is None else linear_add(h, self.fc2, residual)
+
+
+def add_mlp_branch(x, norm, mlp: Mlp, layer_scale: nn.Module, drop_path: "DropPath"):
+    """``x + drop_path(layer_scale(mlp(norm(x))))``, the residual added inside ``fc2``'s output pass where the
+    branch is just the MLP (no LayerScale, no active drop path), which is the same function."""
+    if isinstance(layer_scale, nn.Identity) and drop_path.is_identity():
+        return mlp(norm(x), residual=x)
+    return x + drop_path(layer_scale(mlp(norm(x))))
 
 
 class DropPath(nn.Module):
@@ -144,8 +155,11 @@ class DropPath(nn.Module):
         super().__init__()
         self.p = p
 
+    def is_identity(self) -> bool:
+        return self.p == 0.0 or not self.training
+
     def forward(self, x):
-        if self.p == 0.0 or not self.training:
+        if self.is_identity():
             return x
         keep = x.new_empty((x.shape[0],) + (1,) * (x.dim() - 1)).bernoulli_(1 - self.p)
         return x * keep / (1 - self.p)

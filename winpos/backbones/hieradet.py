@@ -34,9 +34,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from winpos.backbones.common import (
-    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, as_block_position, check_image,
-    init_weights, make_token_embedding,
+    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_mlp_branch,
+    as_block_position, check_image, init_weights, make_token_embedding,
 )
+from winpos.backbones.fused import residual_add
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
 from winpos.windows import PAD_MODES, pad_to_window
@@ -147,8 +148,8 @@ class HieraBlock(nn.Module):
         x_pad, _ = pad_to_window(x_norm, unit)
         out = self.attn(x_pad, valid_hw=(H, W))
         out = out[:, : -(-H // self.q_stride), : -(-W // self.q_stride)]
-        x = shortcut + self.drop_path(self.ls1(out))
-        return x + self.drop_path(self.ls2(self.mlp(self.norm2(x))))
+        x = residual_add(shortcut, self.drop_path(self.ls1(out)))
+        return add_mlp_branch(x, self.norm2, self.mlp, self.ls2, self.drop_path)
 
 
 class HieraDet(WindowedBackbone):

@@ -123,6 +123,28 @@ def _winpos_hieradet_from_sam2(img_size, built):
     return model
 
 
+class Unfused(nn.Module):
+    """A winpos model whose forward runs with ``winpos.backbones.fused`` switched off: the plain PyTorch ops (separate
+    linear, GELU and residual adds), to time what the fused CPU inference path buys."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        from winpos.backbones.fused import fused_linear
+
+        with fused_linear(False):
+            return self.net(x)
+
+
+def _unfused(build):
+    def make(img_size, built):
+        return Unfused(build(img_size, built)).eval()
+
+    return make
+
+
 @dataclass(frozen=True)
 class Row:
     """One timed model.
@@ -146,6 +168,8 @@ ROWS: dict[str, Row] = {
     "winpos ViTDet-B original": Row("vitdet", D2_VIT, partial(_winpos_vitdet_from, source=D2_VIT), source=D2_VIT),
     "winpos ViTDet-B original (SAM weights)": Row("vitdet", SAM_VIT, partial(_winpos_vitdet_from, source=SAM_VIT),
                                                   source=SAM_VIT),
+    "winpos ViTDet-B original, unfused": Row("vitdet", D2_VIT, _unfused(partial(_winpos_vitdet_from, source=D2_VIT)),
+                                             source=D2_VIT),
     "winpos ViTDet-B paper": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="paper")),
     "winpos ViTDet-B rope": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="rope")),
     "winpos ViTDet-B lookhere": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="lookhere")),
@@ -154,6 +178,8 @@ ROWS: dict[str, Row] = {
     SAM2_HIERA: Row("hiera", None, _sam2_hiera),
     "timm HieraDet-B+ (sam2_hiera_base_plus)": Row("hiera", SAM2_HIERA, _timm_hieradet, source=SAM2_HIERA),
     "winpos HieraDet-B+ original": Row("hiera", SAM2_HIERA, _winpos_hieradet_from_sam2, source=SAM2_HIERA),
+    "winpos HieraDet-B+ original, unfused": Row("hiera", SAM2_HIERA, _unfused(_winpos_hieradet_from_sam2),
+                                                source=SAM2_HIERA),
     "winpos HieraDet-B+ paper": Row("hiera", SAM2_HIERA, partial(_winpos_hieradet, recipe="paper")),
 }
 
