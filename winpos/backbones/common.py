@@ -10,14 +10,14 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from winpos.attention import PositionTerms, attention, resolve_backend
-from winpos.backbones.fused import linear_add, linear_gelu
+from winpos.backbones.fused import fused_enabled, linear_add, linear_gelu, residual_add
 from winpos.errors import WinposError, check_choice
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 from winpos.posemb.relpos import rel_pos_parameters
 from winpos.windows import PAD_MODES, window_partition, window_unpartition
 
 __all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS", "Attention",
-           "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "add_mlp_branch", "as_block_position", "check_image",
+           "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "add_attention_branch", "add_mlp_branch", "as_block_position", "check_image",
            "init_weights", "is_position_param", "make_token_embedding", "may_keep_init"]
 
 POS_EMBEDS = ("none", "abs", "abswin", "abswin_recursive")
@@ -97,10 +97,13 @@ class Attention(nn.Module):
         rel = (self.rel_pos_h, self.rel_pos_w) if self.position.kind == "relpos" else None
         return PositionTerms(rope=self.rope, rel_pos=rel, lookhere=self.lookhere)
 
-    def forward(self, x: torch.Tensor, valid_hw=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid_hw=None, residual=None) -> torch.Tensor:
+        """``x (B, Hp, Wp, dim)`` -> ``(B, Hp/q, Wp/q, dim_out)``; with ``residual (B, h, w, dim_out)`` the output is
+        cropped to ``h x w`` and ``residual`` added (on CPU in inference inside the projection's output pass)."""
         B, H, W, C = x.shape
         ws, s = self.window_size, self.q_stride
         zero_padded = self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)
+        fuse = residual is not None and fused_enabled(x, self.proj)  # project after cropping, residual in the pass
         # Whether the kernels may run decides how to window; attention() itself still takes "auto", because on CUDA
         # it sends inputs the kernels do not take fast (fp32, some head dims; known only after the projection,
         # under autocast too) to the reference.
@@ -110,11 +113,16 @@ class Attention(nn.Module):
             # of the output, instead of one per q, k and v and one of the output. (The Triton kernel windows the
             # grid in-kernel and needs no copy at all.)
             xw = window_partition(x, ws).reshape(-1, ws, ws, C)
-            out = self._attend(xw, window=None, valid_hw=None)
-            return window_unpartition(out.flatten(1, 2), ws // s, (H // s, W // s))
-        return self._attend(x, window=ws or None, valid_hw=valid_hw)
+            out = self._attend(xw, window=None, valid_hw=None, project=not fuse)
+            out = window_unpartition(out.flatten(1, 2), ws // s, (H // s, W // s))
+        else:
+            out = self._attend(x, window=ws or None, valid_hw=valid_hw, project=not fuse)
+        if residual is None:
+            return out
+        out = out[:, : residual.shape[1], : residual.shape[2]]
+        return linear_add(out, self.proj, residual) if fuse else residual_add(residual, out)
 
-    def _attend(self, x: torch.Tensor, window, valid_hw) -> torch.Tensor:
+    def _attend(self, x: torch.Tensor, window, valid_hw, project=True) -> torch.Tensor:
         B, H, W, _ = x.shape
         qkv = self.qkv(x).reshape(B, H, W, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(3)  # each (B, H, W, heads, head_dim)
@@ -124,7 +132,16 @@ class Attention(nn.Module):
             q = F.max_pool2d(q.flatten(3).permute(0, 3, 1, 2), kernel_size=s, stride=s, ceil_mode=False)
             q = q.permute(0, 2, 3, 1).reshape(B, H // s, W // s, self.num_heads, self.head_dim)
         out = attention(q, k, v, window=window, pos=self.position_terms(), valid_hw=valid_hw, pad_mode=self.pad_mode)
-        return self.proj(out.flatten(-2))
+        return self.proj(out.flatten(-2)) if project else out.flatten(-2)
+
+
+def add_attention_branch(x_pad, valid_hw, shortcut, attn: Attention, layer_scale: nn.Module, drop_path: "DropPath"):
+    """``shortcut + drop_path(layer_scale(attn(x_pad)))``, the attention output cropped to ``shortcut``'s grid; where
+    the branch is just the attention (no LayerScale, no active drop path) the residual goes into the projection."""
+    if isinstance(layer_scale, nn.Identity) and drop_path.is_identity():
+        return attn(x_pad, valid_hw=valid_hw, residual=shortcut)
+    out = attn(x_pad, valid_hw=valid_hw)[:, : shortcut.shape[1], : shortcut.shape[2]]
+    return residual_add(shortcut, drop_path(layer_scale(out)))
 
 
 class Mlp(nn.Module):

@@ -71,7 +71,7 @@ def linear_gelu(x: torch.Tensor, linear: nn.Linear, act: nn.Module) -> torch.Ten
 
 def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
     """``residual + linear(x)``: the residual added in the linear's output pass where the fused path applies."""
-    if (fused_enabled(x, linear) and residual.dtype == x.dtype and residual.is_contiguous()
+    if (fused_enabled(x, linear) and x.is_contiguous() and residual.dtype == x.dtype and residual.is_contiguous()
             and residual.shape == x.shape[:-1] + (linear.out_features,)):
         return _fused_op().binary(x, residual, linear.weight, linear.bias, "add")
     return residual + linear(x)

@@ -34,10 +34,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from winpos.backbones.common import (
-    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_mlp_branch,
-    as_block_position, check_image, init_weights, make_token_embedding,
+    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_attention_branch,
+    add_mlp_branch, as_block_position, check_image, init_weights, make_token_embedding,
 )
-from winpos.backbones.fused import residual_add
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
 from winpos.windows import PAD_MODES, pad_to_window
@@ -146,9 +145,7 @@ class HieraBlock(nn.Module):
         # Pad after norm1 so padded tokens are exact zeros; a global pooling block pads only to the stride.
         unit = self.window or self.q_stride
         x_pad, _ = pad_to_window(x_norm, unit)
-        out = self.attn(x_pad, valid_hw=(H, W))
-        out = out[:, : -(-H // self.q_stride), : -(-W // self.q_stride)]
-        x = residual_add(shortcut, self.drop_path(self.ls1(out)))
+        x = add_attention_branch(x_pad, (H, W), shortcut, self.attn, self.ls1, self.drop_path)
         return add_mlp_branch(x, self.norm2, self.mlp, self.ls2, self.drop_path)
 
 

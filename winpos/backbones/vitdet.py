@@ -28,10 +28,9 @@ import torch
 import torch.nn as nn
 
 from winpos.backbones.common import (
-    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_mlp_branch,
-    as_block_position, check_image, init_weights, make_token_embedding,
+    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_attention_branch,
+    add_mlp_branch, as_block_position, check_image, init_weights, make_token_embedding,
 )
-from winpos.backbones.fused import residual_add
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
 from winpos.windows import PAD_MODES, pad_to_window
@@ -89,8 +88,7 @@ class ViTDetBlock(nn.Module):
         if self.window_size:
             # Zeros after norm1: padded tokens carry only the qkv bias, as in detectron2 and SAM.
             x, _ = pad_to_window(x, self.window_size)
-        x = self.attn(x, valid_hw=(H, W))[:, :H, :W]
-        x = residual_add(shortcut, self.drop_path(self.ls1(x)))
+        x = add_attention_branch(x, (H, W), shortcut, self.attn, self.ls1, self.drop_path)
         return add_mlp_branch(x, self.norm2, self.mlp, self.ls2, self.drop_path)
 
 
