@@ -227,6 +227,19 @@ def test_flex_cli(tmp_path):
     assert "no CPU backward" in stdout
 
 
+def test_flex_skips_a_materialized_bias_that_would_not_fit(monkeypatch):
+    from winpos.bench import posemb
+
+    # ViTDet-B at 1536^2: a (12, 9216, 9216) fp32 bias is 3.8 GiB; its call peaks at about 3.1 of those.
+    monkeypatch.setattr(posemb, "available_bytes", lambda: 8 * 2**30)
+    note = posemb.flex_unmeasured("materialized", True, "cpu", grid=96, heads=12)
+    assert note.startswith("not measured: a materialized bias needs about 11.8 GiB") and "8.0 GiB" in note
+    assert posemb.flex_unmeasured("winpos", True, "cpu", grid=96, heads=12) is None
+    assert posemb.flex_unmeasured("materialized", False, "cpu", grid=64, heads=12) is None  # 1024^2: 2.3 GiB
+    monkeypatch.setattr(posemb, "available_bytes", lambda: 20 * 2**30)
+    assert posemb.flex_unmeasured("materialized", True, "cpu", grid=96, heads=12) is None
+
+
 @pytest.mark.parametrize("args, message", [(["--sizes", "100"], "multiple of the patch size 16"),
                                            (["--terms", "rope"], "choose from relpos, lookhere")])
 def test_flex_cli_refuses_bad_arguments(args, message):

@@ -7,6 +7,7 @@ SDPA's float mask; forward+backward uses the augmented-QK identity (no N x N ten
 path vs FlexAttention (the ``flex`` backend: the terms as a compiled ``score_mod``) vs a materialized bias."""
 from __future__ import annotations
 
+import os
 import statistics
 
 import torch
@@ -100,9 +101,36 @@ def _flex_method(method):
             "materialized": lambda q, k, v, pos: dense_attention(q, k, v, pos=pos)}[method]
 
 
-def flex_supported(method, backward, device) -> bool:
-    """FlexAttention has no CPU backward in PyTorch: that row is not measured."""
-    return not (method.startswith("flex") and backward and torch.device(device).type == "cpu")
+# Peak of a materialized (heads, N, N) fp32 bias call, in bias-sized tensors: measured 3.0-3.1x for ViTDet-B's
+# global block at 1024^2 and 1536^2, forward and forward+backward (bias, logits and probabilities live together).
+MATERIALIZED_PEAK_TENSORS = 3.1
+
+
+def available_bytes() -> int:
+    """Memory the kernel says can still be allocated (``MemAvailable``); the physical size where that is unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def flex_unmeasured(method, backward, device, grid=64, heads=12) -> str | None:
+    """Why a row is not measured, or None: FlexAttention has no CPU backward in PyTorch, and a materialized CPU bias
+    that would not fit in the memory left (times 1.25 for the rest of the process) would end the whole run."""
+    cpu = torch.device(device).type == "cpu"
+    if method.startswith("flex") and backward and cpu:
+        return "not measured: PyTorch's FlexAttention has no CPU backward"
+    if method == "materialized" and cpu:
+        need = MATERIALIZED_PEAK_TENSORS * heads * grid ** 4 * 4
+        avail = available_bytes()
+        if need * 1.25 > avail:
+            return (f"not measured: a materialized bias needs about {need / 2**30:.1f} GiB here, "
+                    f"{avail / 2**30:.1f} GiB is available")
+    return None
 
 
 def flex_closure(method, term, grid, heads, head_dim, backward, device="cpu", compile_backend=None, warm=False):
@@ -151,14 +179,16 @@ def run_flex(sizes=(1024, 1536), terms=FLEX_TERMS, heads=12, head_dim=64, repeat
         for term in terms:
             with torch.no_grad():
                 q, k, v, pos = _flex_inputs(grid, heads, head_dim, term, False, device)
-                outs = {m: _flex_method(m)(q, k, v, pos) for m in FLEX_METHODS}
-            for m in FLEX_METHODS[1:]:
+                outs = {m: _flex_method(m)(q, k, v, pos) for m in FLEX_METHODS
+                        if flex_unmeasured(m, False, device, grid, heads) is None}
+            for m in [m for m in FLEX_METHODS[1:] if m in outs]:
                 results["checks"].append({"size": size, "term": term, "method": m,
                                           "max_abs_diff_vs_winpos": float((outs[m] - outs["winpos"]).abs().max())})
             del outs
             for backward in (False, True):
                 mode = "fwd+bwd" if backward else "fwd"
-                methods = [m for m in FLEX_METHODS if flex_supported(m, backward, device)]
+                skipped = {m: flex_unmeasured(m, backward, device, grid, heads) for m in FLEX_METHODS}
+                methods = [m for m in FLEX_METHODS if skipped[m] is None]
                 fns = {m: flex_closure(m, term, grid, heads, head_dim, backward, device, warm=m.startswith("flex"))
                        for m in methods}
                 rounds = interleaved_times(fns, repeats=repeats, warmup=warmup,
@@ -178,7 +208,7 @@ def run_flex(sizes=(1024, 1536), terms=FLEX_TERMS, heads=12, head_dim=64, repeat
                            "vs_flex_range": ([min(r), max(r)] if ts and flex_ts and
                                              (r := round_ratios(flex_ts, ts)) else None),
                            mem_key: mem.get(m),
-                           "note": None if ts else "not measured: PyTorch's FlexAttention has no CPU backward"}
+                           "note": skipped[m]}
                     row["winpos_speedup"] = (statistics.median(ts) / statistics.median(rounds["winpos"])
                                              if ts else None)
                     results["rows"].append(row)
