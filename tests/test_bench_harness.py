@@ -152,6 +152,16 @@ def test_backbone_cli(tmp_path):
         assert all(_positive(o["self_ms"]) and 0 < o["share"] <= 1 for o in prof["ops"])
         assert sum(o["share"] for o in prof["ops"]) <= 1 + 1e-9
     assert "## profile, cpu self time, top 3 ops: winpos HieraDet-B+ paper" in stdout
+    ceilings = {c["model"]: c for c in res["linear_ceiling"]}
+    assert set(ceilings) == set(rows)
+    for name, c in ceilings.items():
+        # Hiera-B+: 24 blocks x (qkv, proj, fc1, fc2) and the 3 projections of the dim-doubling shortcuts.
+        assert sum(s["calls"] for s in c["shapes"]) == 99, name
+        assert _positive(c["linear_s"]) and math.isclose(c["linear_share"], c["linear_s"] / c["median_s"])
+        assert math.isclose(c["linear_fraction_of_peak"], c["linear_gflops_per_s"] / res["matmul_gflops_per_s"])
+        linear_gflop = sum(s["rows"] * s["in"] * s["out"] * s["calls"] for s in c["shapes"]) / 1e9
+        assert 0.5 * rows[name]["gflops"] < linear_gflop < rows[name]["gflops"]  # attention's matmuls: the rest
+    assert "## linear layers alone" in stdout
 
 
 def test_posemb_cli(tmp_path):
@@ -268,3 +278,19 @@ def test_backbone_compiled_rows_are_timed_against_compiled_peers(monkeypatch):
     checks = {ch["model"]: ch["max_rel_err"] for ch in res["output_checks"]}
     assert checks.keys() == {mine + backbone.COMPILED, peer + backbone.COMPILED}
     assert all(err < 1e-5 for err in checks.values())
+
+
+def test_backbone_unfused_rows_check_against_the_peer_and_get_no_compiled_row(monkeypatch):
+    from winpos.bench import backbone
+
+    monkeypatch.setattr(backbone, "compiled_model", lambda name, model: torch.compile(
+        model, fullgraph=name.startswith("winpos"), backend="aot_eager"))
+    torch.set_num_threads(1)
+    res = backbone.run(img_size=64, rows=["HieraDet-B+ original"], repeats=1, warmup=0, flops=False, memory=False,
+                       compile=True)
+    fused, unfused, peer = "winpos HieraDet-B+ original", "winpos HieraDet-B+ original, unfused", "sam2 Hiera-B+"
+    assert {r["model"] for r in res["rows"]} == {fused, unfused, peer, fused + backbone.COMPILED,
+                                                peer + backbone.COMPILED}
+    checks = {ch["model"]: ch["max_rel_err"] for ch in res["output_checks"]}
+    assert checks[unfused] == 0.0  # the plain ops are sam2's, bit for bit
+    assert 0.0 <= checks[fused] < 1e-5  # oneDNN's fused add rounds once instead of twice

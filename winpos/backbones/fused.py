@@ -8,10 +8,11 @@ of one activation-sized tensor. HieraDet-B+ at 1024^2 spends a tenth of its forw
 
 The fused path runs only where it computes the same function: CPU, fp32 or bf16 inputs of the weights' dtype, no
 gradient recorded (the op has no autograd formula), no CPU autocast (autocast would not cast the op's inputs), not
-while torch.compile traces (inductor fuses on its own; the op has no fake implementation), and oneDNN present. Everywhere else the plain modules run. ``WINPOS_FUSED_LINEAR=0`` in the environment, or the
-context manager ``fused_linear(False)``, turns it off, for instance to reproduce a peer's result bit for bit: the
-fused GELU matches ATen's exactly in our tests, the fused add rounds once instead of twice and differs by about one
-ulp (relative 1e-6 on a feature map).
+while torch.compile or torch.jit traces (inductor fuses on its own; the op has no fake implementation and its
+argument types are outside TorchScript's), and oneDNN present. Everywhere else the plain modules run.
+``WINPOS_FUSED_LINEAR=0`` in the environment, or the context manager ``fused_linear(False)``, turns it off, for
+instance to reproduce a peer's result bit for bit: the fused GELU matches ATen's exactly in our tests, the fused add
+rounds once instead of twice and differs by about one ulp (relative 1e-6 on a feature map).
 """
 from __future__ import annotations
 
@@ -56,8 +57,8 @@ def fused_enabled(x: torch.Tensor, linear: nn.Linear) -> bool:
         return False
     if x.dtype not in _DTYPES or linear.weight.dtype != x.dtype or linear.bias is None:
         return False
-    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling():
-        return False  # autocast would not cast the op's inputs; the compiler fuses on its own (no fake impl here)
+    if torch.is_autocast_enabled("cpu") or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return False  # autocast would not cast the op's inputs; compilers fuse on their own; tracers lack the op
     return not (torch.is_grad_enabled() and (x.requires_grad or linear.weight.requires_grad
                                              or linear.bias.requires_grad))
 

@@ -22,7 +22,7 @@ import torch
 
 from winpos.bench.flops import count_gflops, matmul_gflops_per_s
 from winpos.bench.peers import REFERENCE, ROWS, build_model, rows_for
-from winpos.bench.profile import side_by_side, top_ops
+from winpos.bench.profile import linear_ceiling, side_by_side, top_ops
 from winpos.bench.timing import (cuda_peak_mib, interleaved_medians, interleaved_times, peak_rss_mib, print_table,
                                  progress, round_ratios)
 
@@ -107,9 +107,10 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
     fns = {name: _forward_fn(m, x) for name, m in models.items()}
     eager_names = names
     if compile:
-        names = names + [n + COMPILED for n in names]
-        bar = progress(len(eager_names), "compiling")
-        for name in eager_names:
+        to_compile = [n for n in eager_names if ROWS[n].compiles]
+        names = names + [n + COMPILED for n in to_compile]
+        bar = progress(len(to_compile), "compiling")
+        for name in to_compile:
             fns[name + COMPILED] = _forward_fn(compiled_model(name, models[name]), x)
             fns[name + COMPILED]()  # the compile, untimed even with --warmup 0
             bar.update()
@@ -122,7 +123,7 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
     checks = [{"model": n, "source": ROWS[n].source, "max_rel_err": _max_rel(fns[n](), fns[ROWS[n].source]())}
               for n in eager_names if ROWS[n].source in models]
     checks += [{"model": n + COMPILED, "source": n + " (eager)", "max_rel_err": _max_rel(fns[n + COMPILED](), fns[n]())}
-               for n in eager_names if compile]
+               for n in eager_names if compile and ROWS[n].compiles]
     results["output_checks"] = checks
     rounds = interleaved_times(fns, repeats=repeats, warmup=warmup, desc="timing fp32")
     times = {name: statistics.median(ts) for name, ts in rounds.items()}
@@ -154,7 +155,7 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
             mem_key: mem.get(name),
         })
 
-    names = eager_names  # bf16 and profiles: eager rows
+    timed, names = names, eager_names  # bf16 and profiles: eager rows
     if bf16:
         bf_fns = {name: _forward_fn(m, x, bf16=True) for name, m in models.items()}
         bf_times = interleaved_medians(bf_fns, repeats=repeats, warmup=warmup, desc="timing bf16")
@@ -168,8 +169,15 @@ def run(img_size=1024, which="all", repeats=3, bf16=False, flops=True, memory=Tr
         mine = [n for n in names if n.startswith("winpos")]
         profiled = list(dict.fromkeys(mine + [ROWS[n].peer for n in mine if ROWS[n].peer in fns]))
         results["profile"] = {n: top_ops(fns[n], top=profile, cuda=cuda) for n in profiled}
+        results["linear_ceiling"] = []
+        for n in profiled:
+            c = linear_ceiling(models[n], x)
+            results["linear_ceiling"].append({
+                "model": n, "median_s": times[n], "linear_s": c["linear_s"], "linear_share": c["linear_s"] / times[n],
+                "linear_gflops_per_s": c["gflops_per_s"], "linear_fraction_of_peak": c["gflops_per_s"] / peak,
+                "shapes": c["shapes"]})
 
-    _report(results, eager_names + ([n + COMPILED for n in eager_names] if compile else []), bf16, profile)
+    _report(results, timed, bf16, profile)
     return results
 
 
@@ -195,6 +203,10 @@ def _report(results, names, bf16, profile):
         print_table("bf16 autocast", results["bf16"],
                     ["model", "median_s", "speedup_vs_fp32", "speedup_vs_peer", "max_rel_err_vs_fp32"])
     if profile:
+        print_table("linear layers alone at the shapes of one forward (linear_s: their summed time; a forward cannot "
+                    "beat it; fraction of peak: their GFLOP/s over the square-matmul peak)", results["linear_ceiling"],
+                    ["model", "median_s", "linear_s", "linear_share", "linear_gflops_per_s",
+                     "linear_fraction_of_peak"])
         prof = results["profile"]
         for name in [n for n in names if n.startswith("winpos") and not n.endswith(COMPILED)]:
             peer = ROWS[name].peer

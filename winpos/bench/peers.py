@@ -153,12 +153,15 @@ class Row:
     peer: the row this one is timed against (None for the family's reference).
     build: ``(img_size, built) -> nn.Module`` in eval mode; ``built`` caches the rows already made.
     source: the row whose weights this model was loaded from (their outputs are compared), or None.
+    compiles: whether ``--compile`` adds a compiled row (not for the unfused rows: torch.compile never takes the
+        fused path, so their compiled row would be the fused row's compiled row again).
     """
 
     family: str
     peer: str | None
     build: Callable[[int, dict], nn.Module]
     source: str | None = None
+    compiles: bool = True
 
 
 ROWS: dict[str, Row] = {
@@ -169,7 +172,7 @@ ROWS: dict[str, Row] = {
     "winpos ViTDet-B original (SAM weights)": Row("vitdet", SAM_VIT, partial(_winpos_vitdet_from, source=SAM_VIT),
                                                   source=SAM_VIT),
     "winpos ViTDet-B original, unfused": Row("vitdet", D2_VIT, _unfused(partial(_winpos_vitdet_from, source=D2_VIT)),
-                                             source=D2_VIT),
+                                             source=D2_VIT, compiles=False),
     "winpos ViTDet-B paper": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="paper")),
     "winpos ViTDet-B rope": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="rope")),
     "winpos ViTDet-B lookhere": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="lookhere")),
@@ -179,7 +182,7 @@ ROWS: dict[str, Row] = {
     "timm HieraDet-B+ (sam2_hiera_base_plus)": Row("hiera", SAM2_HIERA, _timm_hieradet, source=SAM2_HIERA),
     "winpos HieraDet-B+ original": Row("hiera", SAM2_HIERA, _winpos_hieradet_from_sam2, source=SAM2_HIERA),
     "winpos HieraDet-B+ original, unfused": Row("hiera", SAM2_HIERA, _unfused(_winpos_hieradet_from_sam2),
-                                                source=SAM2_HIERA),
+                                                source=SAM2_HIERA, compiles=False),
     "winpos HieraDet-B+ paper": Row("hiera", SAM2_HIERA, partial(_winpos_hieradet, recipe="paper")),
 }
 
