@@ -6,6 +6,8 @@ The FlexAttention call is compiled with ``aot_eager`` here (the same traced grap
 generation). PyTorch's FlexAttention has no CPU backward, so on CPU the gradients of the backend's own
 ``score_mod`` / ``mask_mod`` are checked by evaluating them densely; FlexAttention's backward itself is checked
 on CUDA only (that test says so)."""
+import itertools
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -107,6 +109,37 @@ def test_second_call_of_a_shape_neither_rebuilds_nor_recompiles(counter):
         pos.lookhere.set_global_slope(4.0, slope_units="official")  # edits the fov/slopes buffers in place: the mask cache must see it
         third = attention(q, k, v, pos=pos, backend="flex")
         torch.testing.assert_close(third, reference_attention(q, k, v, pos=pos), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", ["lookhere", "lookhere+pad"])
+@pytest.mark.parametrize("n, block", [(100, 16), (64, 16), (49, 8)])
+def test_chunked_block_mask_equals_pytorchs_builder(kind, n, block):
+    """The row-by-row builder against ``create_block_mask`` (PyTorch's own, dense): same full and partial blocks,
+    same dense mask, grids that the tile divides and grids it does not (last block cut)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    side = int(n ** 0.5)
+    lookhere = LookHere(HEADS, variant="45", layout="spread", layer_index=3, num_layers=6)
+    geo = geometry((side, side), (side, side), None)
+    pad = None
+    batch = 1
+    if kind == "lookhere+pad":
+        pad = padding_mask(geo, (side, side), (side, side), (side - 2, side - 1), "cpu")
+        pad = pad.expand(3, -1, -1, -1)
+        batch = 3
+    mod = F.mask_mod_for(lookhere, pad, geo, "cpu")
+    n_q = n_k = side * side
+    ours = F.chunked_block_mask(mod, batch, HEADS, n_q, n_k, "cpu", block=block)
+    ref = create_block_mask(mod, batch, HEADS, n_q, n_k, device="cpu", BLOCK_SIZE=block)
+    assert torch.equal(ours.to_dense(), ref.to_dense())
+    assert torch.equal(ours.kv_num_blocks, ref.kv_num_blocks)
+    assert torch.equal(ours.full_kv_num_blocks, ref.full_kv_num_blocks)
+    for mine, theirs, count in ((ours.kv_indices, ref.kv_indices, ref.kv_num_blocks),
+                                (ours.full_kv_indices, ref.full_kv_indices, ref.full_kv_num_blocks)):
+        for idx in itertools.product(*map(range, count.shape)):
+            c = int(count[idx])
+            assert sorted(mine[idx][:c].tolist()) == sorted(theirs[idx][:c].tolist())
+    assert int(ref.kv_num_blocks.sum()) > 0 and int(ref.full_kv_num_blocks.sum()) > 0  # both kinds exercised
 
 
 def test_environment_forces_flex_and_auto_never_picks_it(monkeypatch):

@@ -42,7 +42,7 @@ from winpos.errors import WinposError
 from winpos.posemb.relpos import rel_terms
 from winpos.posemb.rope import rope_on_grid
 
-__all__ = ["BUILDS", "COMPILE_BACKEND", "block_mask", "compiled_flex", "flex_attention", "flex_available",
+__all__ = ["BUILDS", "COMPILE_BACKEND", "block_mask", "chunked_block_mask", "compiled_flex", "flex_attention", "flex_available",
            "mask_mod_for", "score_mod_for"]
 
 # The torch.compile backend of the FlexAttention call ("inductor" generates the fused kernel; "aot_eager" traces
@@ -119,6 +119,42 @@ def mask_mod_for(lookhere, pad, geo: Geometry, device):
     return mods[0] if len(mods) == 1 else _both(*mods)
 
 
+BLOCK = 128  # FlexAttention's default tile, in queries and keys
+
+
+def chunked_block_mask(mask_mod, batch: int, heads: int, n_q: int, n_k: int, device, block: int = BLOCK):
+    """``create_block_mask(mask_mod, batch, heads, n_q, n_k)`` built one row of query blocks at a time.
+
+    PyTorch's builder evaluates ``mask_mod`` over the whole ``(batch, heads, n_q, n_k)`` grid at once, with int64
+    intermediates of that size: 8 GiB each for ViTDet-B's 12 heads at 1536^2 (9216 tokens), which ends the process
+    on a 24 GiB machine. Here at most ``batch * heads * block * n_k`` entries are live. A key block is full where
+    every entry of its complete ``block x block`` tile is True (a tile cut by the sequence end is never full: its
+    masked-off tail is applied by ``mask_mod`` in the kernel, as in PyTorch's builder), partial where some are.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    nqb, nkb = -(-n_q // block), -(-n_k // block)
+    partial = torch.zeros(batch, heads, nqb, nkb, dtype=torch.bool, device=device)
+    full = torch.zeros_like(partial)
+    b = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, -1, 1, 1)
+    ki = torch.arange(n_k, device=device).view(1, 1, 1, -1)
+    k_complete = torch.arange(nkb, device=device) < n_k // block
+    for i in range(nqb):
+        qi = torch.arange(i * block, min((i + 1) * block, n_q), device=device).view(1, 1, -1, 1)
+        m = mask_mod(b, h, qi, ki).expand(batch, heads, qi.shape[2], n_k)
+        m = torch.nn.functional.pad(m, (0, nkb * block - n_k)).view(batch, heads, qi.shape[2], nkb, block)
+        seen, every = m.any(dim=(2, 4)), m.all(dim=(2, 4)) & k_complete & (qi.shape[2] == block)
+        full[:, :, i], partial[:, :, i] = every, seen & ~every
+
+    def sparse(dense):  # (B, H, q blocks, k blocks) bool -> per row: count, indices of the True blocks first
+        order = torch.argsort(dense.to(torch.int8), dim=-1, descending=True, stable=True)
+        return dense.sum(-1, dtype=torch.int32), order.to(torch.int32)
+
+    return BlockMask.from_kv_blocks(*sparse(partial), *sparse(full), BLOCK_SIZE=block, mask_mod=mask_mod,
+                                    seq_lengths=(n_q, n_k))
+
+
 def block_mask(lookhere, geo: Geometry, batch: int, heads: int, q_hw, k_hw, valid_hw, pad_mode, device):
     """The ``BlockMask`` of LookHere's fields of view and / or the padding mask, or None when neither applies.
 
@@ -127,15 +163,13 @@ def block_mask(lookhere, geo: Geometry, batch: int, heads: int, q_hw, k_hw, vali
     pad = padding_mask(geo, q_hw, k_hw, valid_hw, device) if pad_mode == "mask" and valid_hw else None
     if lookhere is None and pad is None:
         return None
-    from torch.nn.attention.flex_attention import create_block_mask
-
     n_q, n_k = geo.q_window[0] * geo.q_window[1], geo.k_window[0] * geo.k_window[1]
     kind = "+".join(name for name, on in (("lookhere", lookhere is not None), ("pad", pad is not None)) if on)
 
     def build():
         BUILDS[kind] += 1
-        return create_block_mask(mask_mod_for(lookhere, pad, geo, device), batch if pad is not None else None,
-                                 heads if lookhere is not None else None, n_q, n_k, device=device)
+        return chunked_block_mask(mask_mod_for(lookhere, pad, geo, device), batch if pad is not None else 1,
+                                  heads if lookhere is not None else 1, n_q, n_k, device)
 
     key = ("flex", kind, batch, heads, geo, tuple(q_hw), tuple(k_hw), tuple(valid_hw or ()), str(device))
     sources = (lookhere.fov,) if lookhere is not None else ()
