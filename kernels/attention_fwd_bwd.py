@@ -80,14 +80,15 @@ def default_blocks(head_dim: int, q_tokens: Optional[int] = None, k_tokens: Opti
 
 # Tuned launch options from a GPU sweep (``winpos.bench.kernels --sweep``): (kernel, BLOCK_M, BLOCK_N, BLOCK_D,
 # terms) -> {"num_warps": w, "num_stages": s}, kernel one of "fwd", "bwd"; terms a sorted tuple of the position
-# terms present ("rope", "rel", "lookhere"). Entries override the heuristic of ``_launch_options``. Empty until
+# terms present ("lookhere", "rel", "rel_rows" for the row-aligned relpos path, "rope"). Entries override the heuristic of ``_launch_options``. Empty until
 # a sweep has run on the target GPU; ``set_tuned`` replaces it.
 TUNED: dict = {}
 
 
 def launch_key(args: dict, backward: bool) -> tuple:
     """The ``TUNED`` key of a launch's arguments."""
-    terms = tuple(t for t, flag in (("lookhere", "HAS_LH"), ("rel", "HAS_REL"), ("rope", "HAS_ROPE")) if args[flag])
+    terms = tuple(t for t, flag in (("lookhere", "HAS_LH"), ("rel", "HAS_REL"), ("rel_rows", "REL_ROWS"),
+                                    ("rope", "HAS_ROPE")) if args.get(flag))
     return ("bwd" if backward else "fwd", args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_D"], terms)
 
 
@@ -184,6 +185,9 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
         KV_SAME=k.stride()[:4] == v.stride()[:4],  # v rows reuse k's offsets (qkv views, or both contiguous)
         # fp32 inputs: exact fp32 dots (the GPU default would be tf32, ~1e-3 relative error).
         PRECISION="ieee" if fp32 else "tf32", SV=unit,
+        # Key tiles that are exactly one grid row of the key window (64-key tiles of a 64-wide global grid): the
+        # relpos bias is read row by row and its gradient summed, no one-hot dots (tl_relpos).
+        REL_ROWS=rel is not None and plan.kww == plan.block_n,
     )
     return args
 
@@ -199,7 +203,10 @@ def _launch_options(args: dict, backward: bool) -> dict:
     tuned = TUNED.get(launch_key(args, backward))
     if tuned is not None:
         return dict(tuned)
-    heavy = args["HAS_ROPE"] or args["HAS_REL"] or args["HAS_LH"] or args["BLOCK_D"] > 64
+    # Row-aligned relpos (REL_ROWS) holds no one-hot operands: at 8 warps ptxas serializes its backward wgmma
+    # loops (C7515), at 4 it keeps them asynchronous without spills (sm_90a, ViTDet-B / Hiera-B+ global).
+    heavy = args["HAS_ROPE"] or (args["HAS_REL"] and not args.get("REL_ROWS")) or args["HAS_LH"] \
+        or args["BLOCK_D"] > 64
     rows = max(args["BLOCK_M"], args["BLOCK_N"]) if backward else args["BLOCK_M"]  # both backward kernels share them
     if rows < 64:
         return dict(num_warps=2, num_stages=2)

@@ -19,8 +19,9 @@ Shared arguments (see ``attention_fwd_bwd._kernel_args``):
 import triton
 import triton.language as tl
 
-from .tl_common import (base_offset, load_tile, logits_tile, logits_tile_t, rel_tiles, tile_mask, token_rows,
-                        unrotate, window_origin, window_tokens)
+from .tl_common import (base_offset, load_tile, logits_tile, logits_tile_t, tile_mask, token_rows, unrotate,
+                        window_origin, window_tokens)
+from .tl_relpos import onehot_bias, onehot_drel, rel_tiles, rel_w_rows, row_bias_t, row_drel, tile_bias
 
 # Window geometry changes with every block shape; specializing on it (value 1, divisibility by 16) would compile
 # a new kernel per shape for no gain, so only strides and constexprs pick kernel variants.
@@ -93,9 +94,11 @@ def _query_tile(Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL,
                 COSQ, SINQ, q_tab0, cq_t, REL, r_base, sr_h, sr_w, KWH, KWW, offs_d,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROT: tl.constexpr, HALF: tl.constexpr,
                 HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr, KH_P: tl.constexpr, KW_P: tl.constexpr,
-                PAD_MASK: tl.constexpr):
+                PAD_MASK: tl.constexpr, REL_ROWS: tl.constexpr, KEEP_W: tl.constexpr):
     """Query tile ``qt`` of a window: rotated q, local (row, col), existence, unpadded-grid validity, LookHere
-    coordinates in key units (pooled queries sit at the centre of their ``POOL x POOL`` key cell), relpos terms."""
+    coordinates in key units (pooled queries sit at the centre of their ``POOL x POOL`` key cell), relpos terms
+    and rows. Relpos terms: both parts for the one-hot bias; with key tiles that are grid rows (``REL_ROWS``)
+    only ``rel_w``, and only when the caller keeps it (``KEEP_W``: its loop runs over key tiles)."""
     tq, qly, qlx, q_valid = window_tokens(qt * BLOCK_M, BLOCK_M, QWH * QWW, QWW)
     q = load_tile(Q + q_base, token_rows(qly, qlx, sq_h, sq_w), q_valid, offs_d, HEAD_DIM, COSQ, SINQ,
                   q_tab0 + tq * cq_t, ROT, HALF, HAS_ROPE)
@@ -106,9 +109,14 @@ def _query_tile(Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL,
     qx = (qlx * POOL).to(tl.float32) + (POOL - 1) * 0.5
     rh = 0.0
     rw = 0.0
+    rel_rows = token_rows(qly, qlx, sr_h, sr_w)
     if HAS_REL:
-        rh, rw = rel_tiles(REL + r_base, token_rows(qly, qlx, sr_h, sr_w), q_valid, KH_P, KW_P)
-    return tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw
+        if REL_ROWS:
+            if KEEP_W:
+                rw = rel_w_rows(REL + r_base, rel_rows, q_valid, KH_P, KW_P)
+        else:
+            rh, rw = rel_tiles(REL + r_base, rel_rows, q_valid, KH_P, KW_P)
+    return tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows
 
 
 @triton.jit
@@ -132,7 +140,7 @@ def attn_fwd(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
-    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr, REL_ROWS: tl.constexpr,
 ):
     pid_g = tl.program_id(0)
     sq_b, sq_h, sq_w, sq_n = sq_b * SV, sq_h * SV, sq_w * SV, sq_n * SV
@@ -145,10 +153,11 @@ def attn_fwd(
     b, qy0, qx0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
     ky0 = qy0 * POOL
     kx0 = qx0 * POOL
-    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
+    r_base = base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n)
+    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows = _query_tile(
         Q, base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n), sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW,
-        POOL, COSQ, SINQ, head * cq_n, cq_t, REL, base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n), sr_h, sr_w,
-        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK)
+        POOL, COSQ, SINQ, head * cq_n, cq_t, REL, r_base, sr_h, sr_w,
+        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK, REL_ROWS, True)
     a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
     k_base = base_offset(b, ky0, kx0, head, sk_b, sk_h, sk_w, sk_n)
     v_base = base_offset(b, ky0, kx0, head, sv_b, sv_h, sv_w, sv_n)
@@ -162,8 +171,11 @@ def attn_fwd(
         kly, klx, k_valid, k_gvalid, k, v = _key_tile(
             K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
             head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
-        s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                        a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+        bias = 0.0
+        if HAS_REL:
+            bias = tile_bias(REL + r_base, rel_rows, q_valid, rh, rw, kt, kly, klx, KH_P, KW_P, REL_ROWS, PRECISION)
+        s = logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                        a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with every key masked so far keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -198,6 +210,7 @@ def attn_bwd_dq(
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
     KV_SAME: tl.constexpr, PRECISION: tl.constexpr, REL_PRECISION: tl.constexpr, SV: tl.constexpr,
+    REL_ROWS: tl.constexpr,
 ):
     """dQ, and the per-query relpos gradients d rel_h, d rel_w reduced over keys right here (no atomics); also
     writes ``DELTA = rowsum(O * DO)`` (fp32, LSE's layout) for the dK/dV pass."""
@@ -215,10 +228,10 @@ def attn_bwd_dq(
     ky0 = qy0 * POOL
     kx0 = qx0 * POOL
     r_base = base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n)
-    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
+    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows = _query_tile(
         Q, base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n), sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW,
         POOL, COSQ, SINQ, head * cq_n, cq_t, REL, r_base, sr_h, sr_w,
-        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK)
+        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK, REL_ROWS, True)
     do_base = base_offset(b, qy0, qx0, head, sdo_b, sdo_h, sdo_w, sdo_n)
     do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
                  mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
@@ -244,17 +257,20 @@ def attn_bwd_dq(
         kly, klx, k_valid, k_gvalid, k, v = _key_tile(
             K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
             head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
-        s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                        a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+        bias = 0.0
+        if HAS_REL:
+            bias = tile_bias(REL + r_base, rel_rows, q_valid, rh, rw, kt, kly, klx, KH_P, KW_P, REL_ROWS, PRECISION)
+        s = logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                        a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK, PRECISION)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])  # gradient of the natural-unit logits
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
         if HAS_REL:
-            eh = (kly[:, None] == tl.arange(0, KH_P)[None, :]).to(tl.float32)  # [BLOCK_N, KH_P]
-            ew = (klx[:, None] == tl.arange(0, KW_P)[None, :]).to(tl.float32)
-            drh += tl.dot(ds, eh, input_precision=REL_PRECISION)
-            drw += tl.dot(ds, ew, input_precision=REL_PRECISION)
+            if REL_ROWS:
+                drh, drw = row_drel(drh, drw, ds, kt, KH_P)
+            else:
+                drh, drw = onehot_drel(drh, drw, ds, kly, klx, KH_P, KW_P, REL_PRECISION)
 
     dq = dq * scale
     if HAS_ROPE:
@@ -263,12 +279,11 @@ def attn_bwd_dq(
     tl.store(DQ + dq_base + token_rows(qly, qlx, sdq_h, sdq_w)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=tile_mask(q_valid, offs_d, HEAD_DIM))
     if HAS_REL:
-        r_rows = token_rows(qly, qlx, sr_h, sr_w)
         oh = tl.arange(0, KH_P)
         ow = tl.arange(0, KW_P)
-        tl.store(DREL + r_base + r_rows[:, None] + oh[None, :], drh.to(DREL.dtype.element_ty),
+        tl.store(DREL + r_base + rel_rows[:, None] + oh[None, :], drh.to(DREL.dtype.element_ty),
                  mask=q_valid[:, None])
-        tl.store(DREL + r_base + r_rows[:, None] + KH_P + ow[None, :], drw.to(DREL.dtype.element_ty),
+        tl.store(DREL + r_base + rel_rows[:, None] + KH_P + ow[None, :], drw.to(DREL.dtype.element_ty),
                  mask=q_valid[:, None])
 
 
@@ -285,7 +300,7 @@ def attn_bwd_dkdv(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
-    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr,
+    KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr, REL_ROWS: tl.constexpr,
 ):
     """dK, dV of one key tile, looping over the query tiles of its window (DK and DV share strides)."""
     pid_g = tl.program_id(0)
@@ -317,16 +332,17 @@ def attn_bwd_dkdv(
     n_lh = heads * n_qt * n_kt  # key-major LookHere lists follow the query-major block and its counts
     for i in range(0, _visit_count(CLS, 2 * n_lh + heads * n_qt + head * n_kt + kt, n_qt, HAS_LH)):
         qt = _visit_tile(CLS, n_lh + heads * n_qt + (head * n_kt + kt) * n_qt, i, HAS_LH)
-        tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw = _query_tile(
+        tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows = _query_tile(
             Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL, COSQ, SINQ, head * cq_n, cq_t,
             REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL,
-            KH_P, KW_P, PAD_MASK)
+            KH_P, KW_P, PAD_MASK, REL_ROWS, False)
         do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
              mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
         lse, delta = _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w)
-        if HAS_REL:  # the transposed one-hot bias dots would serialize the loop instead (C7515)
-            s = logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                            a0, b0, a1, b1, slope2, HAS_REL, KH_P, KW_P, HAS_LH, PAD_MASK, PRECISION)
+        if HAS_REL and not REL_ROWS:  # transposed one-hot bias dots would serialize the loop (C7515)
+            s = logits_tile(q, k, qk_scale, onehot_bias(rh, rw, kly, klx, KH_P, KW_P, PRECISION), kly, klx,
+                            k_valid, qy, qx, q_gvalid, k_gvalid, a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK,
+                            PRECISION)
             p = tl.math.exp2(s - lse[:, None])
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -337,6 +353,8 @@ def attn_bwd_dkdv(
             # registers: p^T.do and ds^T.q without a register transpose (which ptxas serializes, C7515).
             st = logits_tile_t(q, k, qk_scale, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
                                a0, b0, a1, b1, slope2, HAS_LH, PAD_MASK, PRECISION)
+            if HAS_REL:  # row-aligned (key tile kt is grid row kt): no dots; masked logits stay -inf
+                st += row_bias_t(REL + r_base, rel_rows, q_valid, kt, KH_P, BLOCK_N) * 1.4426950408889634
             pt = tl.math.exp2(st - lse[None, :])
             dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
             dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)

@@ -111,42 +111,18 @@ def unrotate(g, COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.c
 
 
 @triton.jit
-def rel_tiles(REL, rel_rows, valid, KH_P: tl.constexpr, KW_P: tl.constexpr):
-    """Per-query relpos terms: ``rel_h`` [rows, KH_P] and ``rel_w`` [rows, KW_P] from the packed
-    ``(.., KH_P + KW_P)`` tensor (``rel_w`` from column ``KH_P``; columns beyond the window's ``KWH`` / ``KWW``
-    hold zeros), so rows are 16-byte aligned and read with a row mask only."""
-    oh = tl.arange(0, KH_P)
-    ow = tl.arange(0, KW_P)
-    rh = tl.load(REL + rel_rows[:, None] + oh[None, :], mask=valid[:, None], other=0.0)
-    rw = tl.load(REL + rel_rows[:, None] + KH_P + ow[None, :], mask=valid[:, None], other=0.0)
-    return rh, rw
-
-
-@triton.jit
-def key_onehots(kly, klx, KH_P: tl.constexpr, KW_P: tl.constexpr):
-    """One-hot row and column codes of the keys of a tile, ``[KH_P, BLOCK_N]`` and ``[KW_P, BLOCK_N]`` (fp32)."""
-    eh = (kly[None, :] == tl.arange(0, KH_P)[:, None]).to(tl.float32)
-    ew = (klx[None, :] == tl.arange(0, KW_P)[:, None]).to(tl.float32)
-    return eh, ew
-
-
-@triton.jit
-def logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+def logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
                 a0, b0, a1, b1, slope2,
-                HAS_REL: tl.constexpr, KH_P: tl.constexpr, KW_P: tl.constexpr,
-                HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr, PRECISION: tl.constexpr):
+                HAS_REL: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr, PRECISION: tl.constexpr):
     """Base-2 logits ``[BLOCK_M, BLOCK_N]`` of one (query tile, key tile): ``log2(e) * (scale q.k + bias)`` with
     ``-inf`` where a key is absent, outside the head's field of view, or padded (``PAD_MASK``, valid queries only).
 
-    Relpos: ``rel_h[:, row(key)] + rel_w[:, col(key)]`` as two dots with one-hot key codes (exact, any tile size
-    and window width). LookHere: ``-slope * |k - q|`` and the half-planes ``a dx + b dy >= 0`` with
+    Relpos: ``bias`` is the tile's ``rel_h[:, row(key)] + rel_w[:, col(key)]`` in natural units (``tl_relpos``).
+    LookHere: ``-slope * |k - q|`` and the half-planes ``a dx + b dy >= 0`` with
     ``dx = x_k - x_q``, ``dy = y_k - y_q`` (query coordinates may be half-integers under q-pooling).
     """
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
     if HAS_REL:
-        eh, ew = key_onehots(kly, klx, KH_P, KW_P)
-        bias = tl.dot(rh, eh.to(rh.dtype), input_precision=PRECISION)
-        bias += tl.dot(rw, ew.to(rw.dtype), input_precision=PRECISION)
         s += bias * 1.4426950408889634
     keep = k_valid[None, :]
     if HAS_LH:
@@ -163,7 +139,7 @@ def logits_tile(q, k, qk_scale, rh, rw, kly, klx, k_valid, qy, qx, q_gvalid, k_g
 def logits_tile_t(q, k, qk_scale, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid, a0, b0, a1, b1, slope2,
                   HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr, PRECISION: tl.constexpr):
     """``logits_tile`` transposed, ``[BLOCK_N, BLOCK_M]`` (keys x queries), with the LookHere and padding terms
-    (the dK/dV pass without relpos)."""
+    (the transposed dK/dV pass adds a row-aligned relpos bias itself)."""
     s = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
     keep = k_valid[:, None]
     if HAS_LH:

@@ -43,9 +43,6 @@ KNOWN = {
          "at 255 registers (8 B)"),
     ],
     "no_serialized_wgmma": [
-        (r"(ViTDet-B|Hiera-B\+) .*global D\d+ relpos attn_bwd_dkdv", "ptxas serializes the dK/dV wgmma loop of "
-         "the untransposed relpos variant at K = 64 one-hot dots (C7515; the transposed one serializes in windows "
-         "too; fix: row-aligned direct bias loads)"),
         (r"(ViTDet-B|Hiera-B\+) .* rope attn_fwd", "ptxas serializes the wgmma loop of the fused-RoPE forward "
          "(C7515)"),
     ],

@@ -265,11 +265,14 @@ def test_tiles_follow_the_window_and_the_tuned_table_overrides_the_heuristic():
     assert A.default_blocks(64) == (64, 64) and A.default_blocks(80) == (64, 32)
     assert A.default_blocks(56, 16, 16) == (16, 16) and A.default_blocks(56, 16, 64) == (16, 64)
     assert A.default_blocks(64, 49, 49) == (64, 64) and A.default_blocks(128, 196, 196) == (64, 32)
-    args = dict(HAS_ROPE=False, HAS_REL=True, HAS_LH=False, BLOCK_M=16, BLOCK_N=16, BLOCK_D=64)
+    args = dict(HAS_ROPE=False, HAS_REL=True, HAS_LH=False, BLOCK_M=16, BLOCK_N=16, BLOCK_D=64, REL_ROWS=False)
     assert A._launch_options(args, backward=False) == {"num_warps": 2, "num_stages": 2}
     big = dict(args, BLOCK_M=64, BLOCK_N=64)
     assert A._launch_options(big, backward=True) == {"num_warps": 8, "num_stages": 2}
     assert A.launch_key(big, True) == ("bwd", 64, 64, 64, ("rel",))
+    rows = dict(big, REL_ROWS=True)  # row-aligned relpos: no one-hot operands, 4 warps (8 serialize on sm_90a)
+    assert A._launch_options(rows, backward=True) == {"num_warps": 4, "num_stages": 2}
+    assert A.launch_key(rows, True) == ("bwd", 64, 64, 64, ("rel", "rel_rows"))
     A._STATIC["sentinel"] = 1
     try:
         A.set_tuned({("bwd", 64, 64, 64, ("rel",)): {"num_warps": 4, "num_stages": 3}})

@@ -47,6 +47,15 @@ CASES = [
     Case("relpos_global_resampled_fp16", (8, 12), 2, 32, relpos=7, dtype=F16, blocks=(64, 64)),
     Case("relpos_w8_pooled", (16, 16), 2, 32, window=8, pool=2, relpos=8, blocks=(16, 32)),
     Case("relpos_rope_w7", (7, 14), 2, 32, window=7, relpos=7, rope=dict(fraction=0.5), blocks=(64, 64)),
+    # row-aligned relpos (block_n == key window width: a key tile is a grid row, bias read per row, no one-hot
+    # dots): global with LookHere and a pad mask over 9 rows (rel_h columns in both 4-byte halves and beyond 8),
+    # a pooled window, fp16 with RoPE (rotated outside; its table gradients sum fp16 terms over the grid, 5e-2 as
+    # for global_relpos_24x16 below)
+    Case("relpos_rows_lookhere_pad", (9, 16), 2, 32, relpos=(9, 16), lookhere="45", valid_hw=(8, 14),
+         blocks=(64, 16)),
+    Case("relpos_rows_w16_pooled", (16, 16), 2, 32, window=16, pool=2, relpos=16, blocks=(64, 16)),
+    Case("relpos_rows_rope_fp16", (3, 32), 2, 64, relpos=(3, 32), rope=dict(fraction=0.5), dtype=F16,
+         blocks=(32, 32), param_tol=5e-2),
     # LookHere
     Case("lookhere45_global", (8, 8), 4, 32, lookhere="45", blocks=(16, 16)),
     Case("lookhere90_w8", (16, 8), 4, 32, window=8, lookhere="90", blocks=(16, 16)),
@@ -88,6 +97,30 @@ if DEVICE == "cuda":  # bf16 arithmetic is wrong under the CPU interpreter, so i
 def test_kernel_matches_reference(case, device):
     errors = check_case(case)  # asserts closeness per tensor; returns the max abs error of each
     assert errors and all(e == e for e in errors.values())
+
+
+def test_row_aligned_relpos_is_chosen_when_key_tiles_lie_in_one_grid_row(monkeypatch, device):
+    """The launches take the row-aligned relpos path (REL_ROWS) exactly when a key tile is one row of the key
+    window (block_n == its width), and only with relpos; the cases above check both paths against the
+    reference."""
+    from winpos.kernels import _jit
+
+    seen = []
+    launch = _jit.launch
+
+    def record(kernel, grid, **kwargs):
+        seen.append(kwargs["REL_ROWS"])
+        return launch(kernel, grid, **kwargs)
+
+    monkeypatch.setattr(_jit, "launch", record)
+    for case, rows in ((Case("rows", (2, 16), 1, 16, relpos=(2, 16), blocks=(16, 16)), True),
+                       (Case("wide_tile", (2, 16), 1, 16, relpos=(2, 16), blocks=(16, 32)), False),
+                       (Case("half_row", (2, 32), 1, 16, relpos=(2, 32), blocks=(16, 16)), False),
+                       (Case("window", (7, 7), 1, 16, window=7, relpos=7, blocks=(16, 16)), False),
+                       (Case("plain", (2, 16), 1, 16, blocks=(16, 16)), False)):
+        seen.clear()
+        check_case(case)
+        assert seen == [rows] * 3, f"{case}: REL_ROWS {seen}"
 
 
 @settings(max_examples=6, deadline=None)

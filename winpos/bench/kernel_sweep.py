@@ -39,7 +39,8 @@ def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: 
                         return {"trials": trials, "tuned": best, "cut_short": True}
                     args = dict(HAS_ROPE=pos.rope is not None, HAS_REL=pos.rel_pos is not None,
                                 HAS_LH=pos.lookhere is not None, BLOCK_M=bm, BLOCK_N=bn,
-                                BLOCK_D=max(16, 1 << (shape.head_dim - 1).bit_length()))
+                                BLOCK_D=max(16, 1 << (shape.head_dim - 1).bit_length()),
+                                REL_ROWS=pos.rel_pos is not None and plan.kww == bn)  # as _kernel_args sets it
                     opts = {"num_warps": warps, "num_stages": stages}
                     A.set_tuned({A.launch_key(args, False): opts, A.launch_key(args, True): opts})
                     fn = lambda x, b=(bm, bn): window_attention(*split_qkv(x, shape.pool), window=shape.window,
