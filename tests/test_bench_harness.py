@@ -294,3 +294,19 @@ def test_backbone_unfused_rows_check_against_the_peer_and_get_no_compiled_row(mo
     checks = {ch["model"]: ch["max_rel_err"] for ch in res["output_checks"]}
     assert checks[unfused] == 0.0  # the plain ops are sam2's, bit for bit
     assert 0.0 <= checks[fused] < 1e-5  # oneDNN's fused add rounds once instead of twice
+
+
+def test_backbone_flex_backend_row_matches_the_peer(monkeypatch):
+    from winpos.attention import flex
+    from winpos.bench import backbone
+
+    monkeypatch.setattr(flex, "COMPILE_BACKEND", "aot_eager")  # the harness, without inductor's code generation
+    monkeypatch.delenv("WINPOS_ATTENTION_BACKEND", raising=False)
+    torch.set_num_threads(1)
+    res = backbone.run(img_size=64, rows=["HieraDet-B+ flex backend"], repeats=1, warmup=0, flops=False,
+                       memory=False)
+    name = "winpos HieraDet-B+ flex backend, original"
+    assert {r["model"] for r in res["rows"]} == {name, "sam2 Hiera-B+"}
+    checks = {ch["model"]: ch["max_rel_err"] for ch in res["output_checks"]}
+    assert checks[name] < 1e-5  # sam2's weights, every attention through FlexAttention
+    assert "WINPOS_ATTENTION_BACKEND" not in os.environ  # restored after each call

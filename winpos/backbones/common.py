@@ -16,9 +16,10 @@ from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 from winpos.posemb.relpos import rel_pos_parameters
 from winpos.windows import PAD_MODES, window_partition, window_unpartition
 
-__all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS", "Attention",
-           "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "add_attention_branch", "add_mlp_branch", "as_block_position", "check_image",
-           "init_weights", "is_position_param", "make_token_embedding", "may_keep_init"]
+__all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS",
+           "Attention", "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "add_attention_branch",
+           "add_mlp_branch", "as_block_position", "check_image", "init_weights", "is_position_param",
+           "make_token_embedding", "may_keep_init"]
 
 POS_EMBEDS = ("none", "abs", "abswin", "abswin_recursive")
 BLOCK_POS = ("none", "relpos", "rope", "lookhere")
@@ -103,7 +104,10 @@ class Attention(nn.Module):
         B, H, W, C = x.shape
         ws, s = self.window_size, self.q_stride
         zero_padded = self.pad_mode == "zeros" or valid_hw is None or tuple(valid_hw) == (H, W)
-        fuse = residual is not None and fused_enabled(x, self.proj)  # project after cropping, residual in the pass
+        # Project after unpartitioning, with the residual in the projection's pass, where nothing is cropped (a
+        # cropped grid is strided: the projection would copy it and add its bias separately).
+        fuse = (residual is not None and fused_enabled(x, self.proj)
+                and tuple(residual.shape[1:3]) == (H // s, W // s))
         # Whether the kernels may run decides how to window; attention() itself still takes "auto", because on CUDA
         # it sends inputs the kernels do not take fast (fp32, some head dims; known only after the projection,
         # under autocast too) to the reference.

@@ -138,6 +138,35 @@ class Unfused(nn.Module):
             return self.net(x)
 
 
+class FlexBackend(nn.Module):
+    """A winpos model whose attention runs on the FlexAttention backend during its forward (the environment
+    override of ``backend="auto"``, ``WINPOS_ATTENTION_BACKEND=flex``, set for the call and restored after it)."""
+
+    def __init__(self, net: nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x):
+        import os
+
+        before = os.environ.get("WINPOS_ATTENTION_BACKEND")
+        os.environ["WINPOS_ATTENTION_BACKEND"] = "flex"
+        try:
+            return self.net(x)
+        finally:
+            if before is None:
+                del os.environ["WINPOS_ATTENTION_BACKEND"]
+            else:
+                os.environ["WINPOS_ATTENTION_BACKEND"] = before
+
+
+def _flex(build):
+    def make(img_size, built):
+        return FlexBackend(build(img_size, built)).eval()
+
+    return make
+
+
 def _unfused(build):
     def make(img_size, built):
         return Unfused(build(img_size, built)).eval()
@@ -154,7 +183,8 @@ class Row:
     build: ``(img_size, built) -> nn.Module`` in eval mode; ``built`` caches the rows already made.
     source: the row whose weights this model was loaded from (their outputs are compared), or None.
     compiles: whether ``--compile`` adds a compiled row (not for the unfused rows: torch.compile never takes the
-        fused path, so their compiled row would be the fused row's compiled row again).
+        fused path, so their compiled row would be the fused row's compiled row again; not for the flex-backend rows:
+        FlexAttention is compiled inside them already).
     """
 
     family: str
@@ -176,6 +206,10 @@ ROWS: dict[str, Row] = {
     "winpos ViTDet-B paper": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="paper")),
     "winpos ViTDet-B rope": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="rope")),
     "winpos ViTDet-B lookhere": Row("vitdet", D2_VIT, partial(_winpos_vitdet, recipe="lookhere")),
+    "winpos ViTDet-B flex backend, paper": Row("vitdet", D2_VIT, _flex(partial(_winpos_vitdet, recipe="paper")),
+                                                compiles=False),
+    "winpos ViTDet-B flex backend, lookhere": Row("vitdet", D2_VIT, _flex(partial(_winpos_vitdet, recipe="lookhere")),
+                                                   compiles=False),
     "winpos ViTDet-B abswin, no block term": Row("vitdet", D2_VIT,
                                                  partial(_winpos_vitdet, recipe="paper", global_pos="none")),
     SAM2_HIERA: Row("hiera", None, _sam2_hiera),
@@ -183,6 +217,8 @@ ROWS: dict[str, Row] = {
     "winpos HieraDet-B+ original": Row("hiera", SAM2_HIERA, _winpos_hieradet_from_sam2, source=SAM2_HIERA),
     "winpos HieraDet-B+ original, unfused": Row("hiera", SAM2_HIERA, _unfused(_winpos_hieradet_from_sam2),
                                                 source=SAM2_HIERA, compiles=False),
+    "winpos HieraDet-B+ flex backend, original": Row("hiera", SAM2_HIERA, _flex(_winpos_hieradet_from_sam2),
+                                                      source=SAM2_HIERA, compiles=False),
     "winpos HieraDet-B+ paper": Row("hiera", SAM2_HIERA, partial(_winpos_hieradet, recipe="paper")),
 }
 
