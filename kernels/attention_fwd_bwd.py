@@ -210,7 +210,10 @@ def _launch_options(args: dict, backward: bool) -> dict:
     rows = max(args["BLOCK_M"], args["BLOCK_N"]) if backward else args["BLOCK_M"]  # both backward kernels share them
     if rows < 64:
         return dict(num_warps=2, num_stages=2)
-    return dict(num_warps=8 if backward and heavy else 4, num_stages=2)
+    # The fused-RoPE forward at 128-wide head tiles (head_dim 72..128) holds rotated q and k and their fp32
+    # tables at twice the width: 4 warps spill (Hiera-L, 24 B at 255 registers), 8 do not (186 registers).
+    wide_rope_fwd = not backward and args["HAS_ROPE"] and args["BLOCK_D"] > 64
+    return dict(num_warps=8 if (backward and heavy) or wide_rope_fwd else 4, num_stages=2)
 
 
 # Launch signature -> the launches' non-tensor keyword arguments and grids. Everything they depend on is in the

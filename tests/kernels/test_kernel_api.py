@@ -273,6 +273,9 @@ def test_tiles_follow_the_window_and_the_tuned_table_overrides_the_heuristic():
     rows = dict(big, REL_ROWS=True)  # row-aligned relpos: no one-hot operands, 4 warps (8 serialize on sm_90a)
     assert A._launch_options(rows, backward=True) == {"num_warps": 4, "num_stages": 2}
     assert A.launch_key(rows, True) == ("bwd", 64, 64, 64, ("rel", "rel_rows"))
+    wide_rope = dict(args, HAS_REL=False, HAS_ROPE=True, BLOCK_M=64, BLOCK_N=32, BLOCK_D=128)  # spills at 4 warps
+    assert A._launch_options(wide_rope, backward=False) == {"num_warps": 8, "num_stages": 2}
+    assert A._launch_options(dict(wide_rope, BLOCK_D=64), backward=False) == {"num_warps": 4, "num_stages": 2}
     A._STATIC["sentinel"] = 1
     try:
         A.set_tuned({("bwd", 64, 64, 64, ("rel",)): {"num_warps": 4, "num_stages": 3}})
