@@ -258,15 +258,21 @@ def test_flex_cli_refuses_bad_arguments(args, message):
     assert proc.returncode == 2 and message in proc.stderr
 
 
-def test_backbone_compiled_rows_are_timed_against_compiled_peers(monkeypatch):
-    # The benchmark compiles with inductor; aot_eager here checks the rows without code generation.
+def _compiled_run(monkeypatch, pattern):
+    """``backbone.run`` at 64 px with compiled rows; aot_eager instead of the benchmark's inductor checks the rows
+    without code generation."""
     from winpos.bench import backbone
 
     monkeypatch.setattr(backbone, "compiled_model", lambda name, model: torch.compile(
         model, fullgraph=name.startswith("winpos"), backend="aot_eager"))
     torch.set_num_threads(1)
-    res = backbone.run(img_size=64, rows=["HieraDet-B+ paper"], repeats=1, warmup=0, flops=False, memory=False,
-                       compile=True)
+    return backbone.run(img_size=64, rows=[pattern], repeats=1, warmup=0, flops=False, memory=False, compile=True)
+
+
+def test_backbone_compiled_rows_are_timed_against_compiled_peers(monkeypatch):
+    from winpos.bench import backbone
+
+    res = _compiled_run(monkeypatch, "HieraDet-B+ paper")
     rows = {r["model"]: r for r in res["rows"]}
     mine, peer = "winpos HieraDet-B+ paper", "sam2 Hiera-B+"
     assert set(rows) == {mine, peer, mine + backbone.COMPILED, peer + backbone.COMPILED}
@@ -283,11 +289,7 @@ def test_backbone_compiled_rows_are_timed_against_compiled_peers(monkeypatch):
 def test_backbone_unfused_rows_check_against_the_peer_and_get_no_compiled_row(monkeypatch):
     from winpos.bench import backbone
 
-    monkeypatch.setattr(backbone, "compiled_model", lambda name, model: torch.compile(
-        model, fullgraph=name.startswith("winpos"), backend="aot_eager"))
-    torch.set_num_threads(1)
-    res = backbone.run(img_size=64, rows=["HieraDet-B+ original"], repeats=1, warmup=0, flops=False, memory=False,
-                       compile=True)
+    res = _compiled_run(monkeypatch, "HieraDet-B+ original")
     fused, unfused, peer = "winpos HieraDet-B+ original", "winpos HieraDet-B+ original, unfused", "sam2 Hiera-B+"
     assert {r["model"] for r in res["rows"]} == {fused, unfused, peer, fused + backbone.COMPILED,
                                                 peer + backbone.COMPILED}
