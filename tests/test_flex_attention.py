@@ -142,6 +142,17 @@ def test_chunked_block_mask_equals_pytorchs_builder(kind, n, block):
     assert int(ref.kv_num_blocks.sum()) > 0 and int(ref.full_kv_num_blocks.sum()) > 0  # both kinds exercised
 
 
+def test_more_shapes_than_dynamos_default_limit_compile_once_each(counter):
+    """A whole backbone calls FlexAttention at one shape per block kind and stage; dynamo's default of 8 graphs per
+    code object would end the 9th shape with FailOnRecompileLimitHit (fullgraph)."""
+    sides = range(3, 3 + 10)
+    for side in sides:
+        q, k, v = _qkv(1, side, side)
+        torch.testing.assert_close(attention(q, k, v, backend="flex"), reference_attention(q, k, v), rtol=0,
+                                   atol=1e-10)
+    assert counter.frame_count == len(sides) > 8
+
+
 def test_environment_forces_flex_and_auto_never_picks_it(monkeypatch):
     assert resolve_backend("auto", torch.device("cpu")) == "reference"
     monkeypatch.setenv("WINPOS_ATTENTION_BACKEND", "flex")

@@ -42,13 +42,16 @@ from winpos.errors import WinposError
 from winpos.posemb.relpos import rel_terms
 from winpos.posemb.rope import rope_on_grid
 
-__all__ = ["BUILDS", "COMPILE_BACKEND", "block_mask", "chunked_block_mask", "compiled_flex", "flex_attention", "flex_available",
-           "mask_mod_for", "score_mod_for"]
+__all__ = ["BUILDS", "COMPILE_BACKEND", "block_mask", "chunked_block_mask", "compiled_flex", "flex_attention",
+           "flex_available", "mask_mod_for", "score_mod_for"]
 
 # The torch.compile backend of the FlexAttention call ("inductor" generates the fused kernel; "aot_eager" traces
 # the same graph without code generation, for tests). Read at every call; ``compiled_flex`` keeps one compiled
 # callable per backend.
 COMPILE_BACKEND = os.environ.get("WINPOS_FLEX_COMPILE_BACKEND", "inductor")
+
+# Graphs the compiled FlexAttention call may keep (one per shape and set of terms) before a new shape fails loudly.
+RECOMPILE_LIMIT = 64
 
 # Block masks built so far, by terms kind ("lookhere", "pad", "lookhere+pad"): what the caching tests count.
 BUILDS: Counter = Counter()
@@ -235,6 +238,11 @@ def flex_attention(q, k, v, *, window=None, pos: PositionTerms | None = None, va
     if pos.rel_pos is not None:
         rel_h, rel_w = rel_terms(qg, *pos.rel_pos, geo.q_window, geo.k_window)
     slopes = lookhere.slopes.to(device=q.device, dtype=torch.float32) if lookhere is not None else None
-    call = _flex_call if torch.compiler.is_compiling() else compiled_flex(COMPILE_BACKEND)
-    out = call(qg, kg, vg, mask, scale, rel_h, rel_w, slopes, geo.q_window, geo.k_window)
+    args = (qg, kg, vg, mask, scale, rel_h, rel_w, slopes, geo.q_window, geo.k_window)
+    if torch.compiler.is_compiling():
+        return from_groups(_flex_call(*args), geo, q_hw)
+    # One graph per shape and set of terms: a whole backbone has one per block kind and stage (HieraDet-B+ at
+    # 1024^2: about a dozen), past dynamo's default limit of 8 graphs per code object.
+    with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        out = compiled_flex(COMPILE_BACKEND)(*args)
     return from_groups(out, geo, q_hw)
