@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from winpos.bench import kernels, posemb
+from winpos.bench import kernels, mlp, posemb
 from winpos.bench.peers import ROWS, build_model, rows_for
 from winpos.bench.profile import side_by_side
 from winpos.bench.scaling import fit_exponent, local_exponents, parse_sizes
@@ -312,3 +312,16 @@ def test_backbone_flex_backend_row_matches_the_peer(monkeypatch):
     checks = {ch["model"]: ch["max_rel_err"] for ch in res["output_checks"]}
     assert checks[name] < 1e-5  # sam2's weights, every attention through FlexAttention
     assert "WINPOS_ATTENTION_BACKEND" not in os.environ  # restored after each call
+
+
+def test_mlp_cli(tmp_path):
+    res, stdout = _cli(tmp_path, "mlp", "--divide", "256", "--repeats", "2", "--threads", "1")
+    assert [r["shape"] for r in res["rows"]] == [s[0] for s in mlp.SHAPES] and res["divide"] == 256
+    for r, (_, tokens, channels) in zip(res["rows"], mlp.SHAPES):
+        assert r["tokens"] == tokens // 256 and r["channels"] == channels
+        assert _positive(r["plain_ms"]) and _positive(r["fused_ms"])
+        assert math.isclose(r["speedup"], r["plain_ms"] / r["fused_ms"])
+        low, high = r["speedup_range"]
+        assert 0 < low <= high
+        assert r["max_abs_diff"] < 1e-4  # the same function: the fused add rounds once instead of twice
+    assert "## MLP with residual: plain vs fused" in stdout

@@ -11,6 +11,8 @@
     python tools/benchmark.py flex [--sizes 1024,1536] [--terms relpos,lookhere] [--device cpu|cuda]
         # winpos's path vs FlexAttention (compiled score_mod / block mask) vs a materialized bias, one ViTDet-B
         # global block per size: fwd and fwd+bwd, medians with per-round ranges, peak memory
+    python tools/benchmark.py mlp [--repeats 7] [--divide 1]
+        # one MLP with its residual at ViTDet-B / Hiera-B+ shapes: plain ops vs the fused CPU inference path
     python tools/benchmark.py scaling [--preset vitdet_b] [--sizes 256,384,512,512x768,768] [--plot out.png]
         # time and memory vs input size per encoding, fitted growth exponent (time ~ tokens^k)
     python tools/benchmark.py train [--which hieradet|vitdet] [--encodings abswin,rope] [--iters 5] [--bf16]
@@ -108,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measure peak memory of one call per row (default on; --no-memory for a quick run)")
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,flex,scaling,train,kernels}")
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,flex,mlp,scaling,train,kernels}")
 
     p = sub.add_parser("backbone", parents=[common, memory], help="full backbones vs their peers")
     p.add_argument("--which", default="all", choices=["all", "vitdet", "hiera"], help="backbone families")
@@ -138,6 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=positive_int, default=1024, help="image size in px of the ViTDet-B global block "
                    "(tokens = size / 16 per side)")
     p.add_argument("--repeats", type=_positive, default=5)
+
+    p = sub.add_parser("mlp", parents=[common], help="one MLP + residual: plain ops vs the fused CPU path")
+    p.add_argument("--repeats", type=_positive, default=7)
+    p.add_argument("--divide", type=positive_int, default=1,
+                   help="divide every shape's token count by this (a quick check; default 1: the real shapes)")
 
     p = sub.add_parser("scaling", parents=[common, memory], help="time / memory vs input size")
     p.add_argument("--preset", default="vitdet_b", help="a ViTDet preset (vitdet_toy, vitdet_b, vitdet_l, ...)")
@@ -202,6 +209,10 @@ def main(argv=None) -> int:
 
         result = posemb.run_flex(sizes=args.sizes, terms=args.terms, repeats=args.repeats, warmup=args.warmup,
                                  memory=args.memory, device=device, compile_backend=args.flex_compile)
+    elif args.what == "mlp":
+        from winpos.bench import mlp
+
+        result = mlp.run(divide=args.divide, repeats=args.repeats, warmup=args.warmup)
     elif args.what == "scaling":
         from winpos.bench import scaling
 
