@@ -7,6 +7,8 @@ model built twice from the same name has the same weights.
 """
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable
@@ -123,55 +125,52 @@ def _winpos_hieradet_from_sam2(img_size, built):
     return model
 
 
-class Unfused(nn.Module):
-    """A winpos model whose forward runs with ``winpos.backbones.fused`` switched off: the plain PyTorch ops (separate
-    linear, GELU and residual adds), to time what the fused CPU inference path buys."""
+class Within(nn.Module):
+    """A winpos model whose forward runs inside ``context()`` (a fresh context manager per call): the unfused and
+    the FlexAttention rows time the same model with one switch changed."""
 
-    def __init__(self, net: nn.Module):
+    def __init__(self, net: nn.Module, context: Callable[[], object]):
         super().__init__()
-        self.net = net
+        self.net, self.context = net, context
 
     def forward(self, x):
-        from winpos.backbones.fused import fused_linear
-
-        with fused_linear(False):
+        with self.context():
             return self.net(x)
 
 
-class FlexBackend(nn.Module):
-    """A winpos model whose attention runs on the FlexAttention backend during its forward (the environment
-    override of ``backend="auto"``, ``WINPOS_ATTENTION_BACKEND=flex``, set for the call and restored after it)."""
+@contextmanager
+def _flex_backend():
+    """``WINPOS_ATTENTION_BACKEND=flex`` (the override of ``backend="auto"``) for the call, restored after it."""
+    before = os.environ.get("WINPOS_ATTENTION_BACKEND")
+    os.environ["WINPOS_ATTENTION_BACKEND"] = "flex"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["WINPOS_ATTENTION_BACKEND"]
+        else:
+            os.environ["WINPOS_ATTENTION_BACKEND"] = before
 
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.net = net
 
-    def forward(self, x):
-        import os
+def _unfused_context():
+    from winpos.backbones.fused import fused_linear
 
-        before = os.environ.get("WINPOS_ATTENTION_BACKEND")
-        os.environ["WINPOS_ATTENTION_BACKEND"] = "flex"
-        try:
-            return self.net(x)
-        finally:
-            if before is None:
-                del os.environ["WINPOS_ATTENTION_BACKEND"]
-            else:
-                os.environ["WINPOS_ATTENTION_BACKEND"] = before
+    return fused_linear(False)  # the plain ops: separate linear, GELU and residual adds
+
+
+def _within(build, context):
+    def make(img_size, built):
+        return Within(build(img_size, built), context).eval()
+
+    return make
 
 
 def _flex(build):
-    def make(img_size, built):
-        return FlexBackend(build(img_size, built)).eval()
-
-    return make
+    return _within(build, _flex_backend)
 
 
 def _unfused(build):
-    def make(img_size, built):
-        return Unfused(build(img_size, built)).eval()
-
-    return make
+    return _within(build, _unfused_context)
 
 
 @dataclass(frozen=True)
