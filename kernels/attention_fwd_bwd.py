@@ -28,7 +28,9 @@ class Plan(NamedTuple):
     Windows: ``n_wh x n_ww`` per image; query window ``qwh x qww``, key window ``kwh x kww`` (global attention:
     one window = the grid); ``pool``: query pooling stride. Padding mask (``pad_mask=1``): queries inside
     ``qvh x qvw`` and keys inside ``kvh x kvw`` (grid tokens) are valid. RoPE: ``rot_dims`` (0 = off), ``half``
-    pairing flag. Tiles: ``block_m`` queries x ``block_n`` keys (LookHere tile classes are per these blocks).
+    pairing flag. Tiles: ``block_m`` queries x ``block_n`` keys of one window (LookHere tile classes are per these
+    blocks); ``pack`` windows per program (1, or with windows that fit one block each, several side by side: the
+    kernels then run ``pack * block_m`` x ``pack * block_n`` tiles with a block-diagonal mask).
     A named tuple: built and unpacked on every call, it costs a fraction of a dataclass.
     """
 
@@ -48,6 +50,7 @@ class Plan(NamedTuple):
     half: int
     block_m: int
     block_n: int
+    pack: int = 1
 
     def as_list(self) -> list[int]:
         return [int(x) for x in self]
@@ -59,6 +62,11 @@ class Plan(NamedTuple):
     @property
     def n_kt(self) -> int:
         return -(-self.kwh * self.kww // self.block_n)
+
+    @property
+    def n_programs(self) -> int:
+        """Programs per image along grid axis 0: one per window, or one per ``pack`` windows."""
+        return -(-self.n_wh * self.n_ww // self.pack)
 
 
 def _pow2(n: int, floor: int = 16) -> int:
@@ -78,17 +86,34 @@ def default_blocks(head_dim: int, q_tokens: Optional[int] = None, k_tokens: Opti
     return bm, bn
 
 
+def default_pack(head_dim: int, blocks: tuple[int, int], q_tokens: int, k_tokens: int, windows: int) -> int:
+    """Windows per program: as many as fill the default tile (64 x 64, 64 x 32 above head_dim 64) when a query and a
+    key window each fit one block (a 4x4 window's 16 x 16 tiles become one 64 x 64 tile of four windows: 4-warp
+    programs that Hopper runs on wgmma instead of 2-warp 16-row mma.sync ones, four times fewer of them, three
+    quarters of each product masked off), never more than the image has windows; 1 otherwise."""
+    bm, bn = blocks
+    if q_tokens > bm or k_tokens > bn or windows < 2:
+        return 1
+    cap_m, cap_n = default_blocks(head_dim)
+    pack = 1
+    while 2 * pack * bm <= cap_m and 2 * pack * bn <= cap_n and 2 * pack <= windows:
+        pack *= 2
+    return pack
+
+
 # Tuned launch options from a GPU sweep (``winpos.bench.kernels --sweep``): (kernel, BLOCK_M, BLOCK_N, BLOCK_D,
-# terms) -> {"num_warps": w, "num_stages": s}, kernel one of "fwd", "bwd"; terms a sorted tuple of the position
-# terms present ("lookhere", "rel", "rel_rows" for the row-aligned relpos path, "rope"). Entries override the heuristic of ``_launch_options``. Empty until
+# terms) -> {"num_warps": w, "num_stages": s}, kernel one of "fwd", "bwd"; BLOCK_M x BLOCK_N the kernel's tile (with
+# packing, of all its windows); terms a sorted tuple of the position terms present ("lookhere", "rel", "rel_rows"
+# for the row-aligned relpos path, "rope") and "pack" when the tile holds several windows. Entries override the heuristic of ``_launch_options``. Empty until
 # a sweep has run on the target GPU; ``set_tuned`` replaces it.
 TUNED: dict = {}
 
 
 def launch_key(args: dict, backward: bool) -> tuple:
     """The ``TUNED`` key of a launch's arguments."""
-    terms = tuple(t for t, flag in (("lookhere", "HAS_LH"), ("rel", "HAS_REL"), ("rel_rows", "REL_ROWS"),
-                                    ("rope", "HAS_ROPE")) if args.get(flag))
+    present = dict(args, PACK=args.get("PACK", 1) > 1)
+    terms = tuple(t for t, flag in (("lookhere", "HAS_LH"), ("pack", "PACK"), ("rel", "HAS_REL"),
+                                    ("rel_rows", "REL_ROWS"), ("rope", "HAS_ROPE")) if present.get(flag))
     return ("bwd" if backward else "fwd", args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_D"], terms)
 
 
@@ -126,6 +151,17 @@ def check_window_offsets(name: str, t: Tensor, window: tuple) -> None:
                          "windows, a smaller global grid, or backend='reference'")
 
 
+def check_pack(plan: Plan, *tensors: Tensor) -> None:
+    """Several windows per program need every window in one block (one query and one key tile each) and, since
+    packed rows are addressed from the image's corner with int32 offsets, an image spanning less than 2**31
+    elements."""
+    if plan.n_qt != 1 or plan.n_kt != 1:
+        raise ValueError(f"pack={plan.pack} needs each {plan.qwh}x{plan.qww} query window and {plan.kwh}x{plan.kww} "
+                         f"key window inside one {plan.block_m} x {plan.block_n} block; use pack=1 or larger blocks")
+    for name, t in zip("qkv", tensors):
+        check_window_offsets(f"{name} (one image, pack={plan.pack})", t, tuple(t.shape[1:3]))
+
+
 def stride_unit(*tensors: Tensor) -> int:
     """16 bytes in elements when every stride of the first four dims of every tensor is a multiple of it (and
     fits int32), else 1. The kernels take strides divided by this unit and multiply by it as a constexpr, which
@@ -154,6 +190,8 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
             raise ValueError(f"{name} must have a contiguous head dim (stride 1), got strides {t.stride()}; "
                              "window_attention makes that copy for you")
         check_window_offsets(name, t, win)
+    if plan.pack > 1:
+        check_pack(plan, q, k, v)
     # Without relpos the extents are irrelevant: one value keeps one compiled variant for every window size.
     kh_p, kw_p = (_pow2(plan.kwh), _pow2(plan.kww)) if rel is not None else (16, 16)
     if rel is not None and (not rel.is_contiguous() or rel.shape[-1] != kh_p + kw_p):
@@ -179,7 +217,8 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
         n_win=plan.n_wh * plan.n_ww, n_ww=plan.n_ww, QWH=plan.qwh, QWW=plan.qww, KWH=plan.kwh, KWW=plan.kww,
         POOL=plan.pool, QVH=plan.qvh, QVW=plan.qvw, KVH=plan.kvh, KVW=plan.kvw,
         qk_scale=float(scale) * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim), BLOCK_M=plan.block_m, BLOCK_N=plan.block_n,
+        HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim), BLOCK_M=plan.block_m * plan.pack,
+        BLOCK_N=plan.block_n * plan.pack, PACK=plan.pack,
         ROT=plan.rot_dims, HALF=bool(plan.half), HAS_ROPE=cos_q is not None, HAS_REL=rel is not None,
         KH_P=kh_p, KW_P=kw_p, HAS_LH=fov is not None, PAD_MASK=bool(plan.pad_mask),
         KV_SAME=k.stride()[:4] == v.stride()[:4],  # v rows reuse k's offsets (qkv views, or both contiguous)
@@ -187,7 +226,7 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
         PRECISION="ieee" if fp32 else "tf32", SV=unit,
         # Key tiles that are exactly one grid row of the key window (64-key tiles of a 64-wide global grid): the
         # relpos bias is read row by row and its gradient summed, no one-hot dots (tl_relpos).
-        REL_ROWS=rel is not None and plan.kww == plan.block_n,
+        REL_ROWS=rel is not None and plan.kww == plan.block_n and plan.pack == 1,
     )
     return args
 
@@ -261,7 +300,7 @@ def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls,
         unit = stride_unit(q, k, v, out)
         args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
         static = dict(_static(args), **_grid_strides("so", out, unit), **_launch_options(args, backward=False))
-        hit = _remember(key, ((B * plan.n_wh * plan.n_ww, plan.n_qt, heads), static))
+        hit = _remember(key, ((B * plan.n_programs, plan.n_qt, heads), static))
     grid, static = hit
     _jit.launch(kern.attn_fwd, grid, O=out, **_tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
                                                            tile_cls), **static)
@@ -290,7 +329,7 @@ def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slo
         args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
         common = dict(_static(args), **_grid_strides("sdo", do, unit), scale=float(scale),
                       **_launch_options(args, True))
-        groups = q.shape[0] * plan.n_wh * plan.n_ww
+        groups = q.shape[0] * plan.n_programs
         static_dq = dict(common, **_grid_strides("so", out, unit), **_grid_strides("sdq", dq, unit),
                          REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         static_kv = dict(common, **_grid_strides("sdk", dk, unit))

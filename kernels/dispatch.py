@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention_fwd_bwd import Plan, WindowAttentionFunction, _pow2, default_blocks
+from .attention_fwd_bwd import Plan, WindowAttentionFunction, _pow2, default_blocks, default_pack
 from .rope import rotate_on_grid
 from winpos.windows import PAD_MODES, attention_groups
 
@@ -167,7 +167,8 @@ def lookhere_tile_lists(cls: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None, blocks=None):
+def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None, blocks=None,
+                     pack=None):
     """Fused window/global attention on the token grid (Triton), forward and backward.
 
     Args:
@@ -182,6 +183,8 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
         scale: logit scale, default ``D ** -0.5``.
         blocks: ``(block_m, block_n)`` tile sizes (powers of two >= 16), default ``default_blocks`` for D and the
             query / key window (tiles no larger than a window).
+        pack: windows per program, a power of two; default ``default_pack`` (several windows side by side in one
+            tile when each fits one block, e.g. four 4x4 windows in a 64 x 64 tile), 1 for one window per program.
     Returns:
         ``(B, Hq, Wq, heads, D)`` in q's dtype.
 
@@ -196,6 +199,14 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     blocks = tuple(blocks) if blocks is not None else default_blocks(D, q_win[0] * q_win[1], k_win[0] * k_win[1])
     if len(blocks) != 2 or any(b < 16 or b & (b - 1) for b in blocks):
         raise ValueError(f"blocks={blocks} must be two powers of two >= 16 (tl.dot needs tiles of at least 16)")
+    q_tokens, k_tokens = q_win[0] * q_win[1], k_win[0] * k_win[1]
+    if pack is None:
+        pack = default_pack(D, blocks, q_tokens, k_tokens, n_wh * n_ww)
+    elif not (isinstance(pack, int) and pack >= 1 and pack & (pack - 1) == 0):
+        raise ValueError(f"pack={pack!r} must be a power of two >= 1 (windows per program)")
+    elif pack > 1 and (q_tokens > blocks[0] or k_tokens > blocks[1]):
+        raise ValueError(f"pack={pack} needs each {q_win[0]}x{q_win[1]} query window and {k_win[0]}x{k_win[1]} key "
+                         f"window inside one {blocks[0]} x {blocks[1]} block; use pack=1 or larger blocks")
     rope = getattr(pos, "rope", None)
     rel_pos = getattr(pos, "rel_pos", None)
     lookhere = getattr(pos, "lookhere", None)
@@ -213,6 +224,6 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     if lookhere is not None:
         fov, slopes, cls = _lookhere_inputs(lookhere, q_win, k_win, heads, blocks, q.device)
 
-    plan = Plan(n_wh, n_ww, *q_win, *k_win, pool, qvh, qvw, kvh, kvw, pad_mask, rot_dims, int(half), *blocks)
+    plan = Plan(n_wh, n_ww, *q_win, *k_win, pool, qvh, qvw, kvh, kvw, pad_mask, rot_dims, int(half), *blocks, pack)
     return WindowAttentionFunction.apply(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls,
                                          plan.as_list(), scale)

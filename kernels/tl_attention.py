@@ -15,6 +15,14 @@ Shared arguments (see ``attention_fwd_bwd._kernel_args``):
   Strides of q/k/v/o/do/dq/dk/dv arrive divided by ``SV`` (16 bytes in elements when every stride allows it, else
   1) and are multiplied back here: a constexpr factor tells the compiler they are multiples of 16 bytes (Triton
   marks only ints divisible by 16 elements, so head_dim 56 or 72 strides would otherwise get 2-byte accesses).
+
+Several windows per program (``PACK > 1``, for windows far smaller than a tile, e.g. 4x4): a tile holds ``PACK``
+whole windows of one image, ``BLOCK_M // PACK`` query rows and ``BLOCK_N // PACK`` key rows each (slot ``g`` =
+window ``pack * PACK + g`` of the image), and a query sees only the keys of its own slot (a block-diagonal mask on
+top of the other terms). There is one query tile and one key tile per program (``n_qt = n_kt = 1``). Program axis 0
+then enumerates ``batch * ceil(windows / PACK)`` packs, the base offset is the image's top-left token and each
+row's offset adds its window's position in the image. With ``PACK == 1`` every row is a token of the program's one
+window, addressed from that window's corner as before.
 """
 import triton
 import triton.language as tl
@@ -28,6 +36,56 @@ from .tl_relpos import onehot_bias, onehot_drel, rel_tiles, rel_w_rows, row_bias
 # The fp32 LSE/delta rows are read one scalar per token, so their strides' divisibility would only add variants.
 _GEOMETRY = ["n_qt", "n_kt", "n_win", "n_ww", "QWH", "QWW", "KWH", "KWW", "POOL", "QVH", "QVW", "KVH", "KVW",
              "sl_b", "sl_h", "sl_w"]
+
+
+@triton.jit
+def _program_origin(pid_g, n_win, n_ww, QWH, QWW, PACK: tl.constexpr):
+    """Batch index, grid (row, col) of the program's base token and its pack index inside the image: the window's
+    top-left token (``PACK == 1``; pack 0) or the image's (``PACK > 1``: rows carry their window's position)."""
+    if PACK == 1:
+        b, y0, x0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
+        pk = 0
+    else:
+        n_packs = (n_win + PACK - 1) // PACK
+        b = pid_g // n_packs
+        pk = pid_g % n_packs
+        y0 = 0
+        x0 = 0
+    return b, y0, x0, pk
+
+
+@triton.jit
+def _tile_tokens(tile, BLOCK: tl.constexpr, WH, WW, pk, n_win, n_ww, PACK: tl.constexpr):
+    """Rows of one tile: window-local token id, local (row, col), existence, the (row, col) offset from the
+    program's base token used for addressing, and each row's slot (the window it belongs to; 0 without packing)."""
+    if PACK == 1:
+        t, ly, lx, valid = window_tokens(tile * BLOCK, BLOCK, WH * WW, WW)
+        ry = ly
+        rx = lx
+        slot = 0
+    else:
+        SLOT: tl.constexpr = BLOCK // PACK
+        r = tl.arange(0, BLOCK)
+        slot = r // SLOT
+        t = r % SLOT
+        ly = t // WW
+        lx = t % WW
+        w = pk * PACK + slot
+        valid = (t < WH * WW) & (w < n_win)
+        ry = (w // n_ww) * WH + ly
+        rx = (w % n_ww) * WW + lx
+    return t, ly, lx, valid, ry, rx, slot
+
+
+@triton.jit
+def _same_window(s, q_slot, k_slot, PACK: tl.constexpr, KEYS_FIRST: tl.constexpr):
+    """``-inf`` where a packed tile pairs a query and a key of different windows (identity without packing)."""
+    if PACK > 1:
+        if KEYS_FIRST:
+            s = tl.where(k_slot[:, None] == q_slot[None, :], s, float("-inf"))
+        else:
+            s = tl.where(q_slot[:, None] == k_slot[None, :], s, float("-inf"))
+    return s
 
 
 @triton.jit
@@ -68,60 +126,62 @@ def _visit_tile(CLS, at, i, HAS_LH: tl.constexpr):
 
 @triton.jit
 def _key_tile(K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW,
-              COSK, SINK, k_tab0, ck_t, offs_d,
+              COSK, SINK, k_tab0, ck_t, offs_d, pk, n_win, n_ww,
               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr, HALF: tl.constexpr,
-              HAS_ROPE: tl.constexpr, KV_SAME: tl.constexpr, PAD_MASK: tl.constexpr):
-    """Key tile ``kt`` of a window: rotated k and v ``[BLOCK_N, BLOCK_D]``, local (row, col), existence, and
-    whether each key lies in the unpadded grid (only computed under ``PAD_MASK``)."""
-    tk, kly, klx, k_valid = window_tokens(kt * BLOCK_N, BLOCK_N, KWH * KWW, KWW)
-    k_rows = token_rows(kly, klx, sk_h, sk_w)
+              HAS_ROPE: tl.constexpr, KV_SAME: tl.constexpr, PAD_MASK: tl.constexpr, PACK: tl.constexpr):
+    """Key tile ``kt`` of a window (or of a pack of windows): rotated k and v ``[BLOCK_N, BLOCK_D]``, local token
+    id and (row, col), existence, whether each key lies in the unpadded grid (only computed under ``PAD_MASK``), the
+    rows' offsets from the program's base token and their slots."""
+    tk, kly, klx, k_valid, kry, krx, k_slot = _tile_tokens(kt, BLOCK_N, KWH, KWW, pk, n_win, n_ww, PACK)
+    k_rows = token_rows(kry, krx, sk_h, sk_w)
     k = load_tile(K + k_base, k_rows, k_valid, offs_d, HEAD_DIM, COSK, SINK, k_tab0 + tk * ck_t, ROT, HALF,
                   HAS_ROPE)
     if KV_SAME:
         v_rows = k_rows
     else:
-        v_rows = token_rows(kly, klx, sv_h, sv_w)
+        v_rows = token_rows(kry, krx, sv_h, sv_w)
     v = tl.load(V + v_base + v_rows[:, None] + offs_d[None, :], mask=tile_mask(k_valid, offs_d, HEAD_DIM),
                 other=0.0)
     k_gvalid = k_valid
     if PAD_MASK:
-        k_gvalid = ((ky0 + kly) < KVH) & ((kx0 + klx) < KVW)
-    return kly, klx, k_valid, k_gvalid, k, v
+        k_gvalid = ((ky0 + kry) < KVH) & ((kx0 + krx) < KVW)
+    return tk, kly, klx, k_valid, k_gvalid, k, v, kry, krx, k_slot
 
 
 @triton.jit
 def _query_tile(Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL,
-                COSQ, SINQ, q_tab0, cq_t, REL, r_base, sr_h, sr_w, KWH, KWW, offs_d,
+                COSQ, SINQ, q_tab0, cq_t, REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, pk, n_win, n_ww,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, ROT: tl.constexpr, HALF: tl.constexpr,
                 HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr, KH_P: tl.constexpr, KW_P: tl.constexpr,
-                PAD_MASK: tl.constexpr, REL_ROWS: tl.constexpr, KEEP_W: tl.constexpr):
-    """Query tile ``qt`` of a window: rotated q, local (row, col), existence, unpadded-grid validity, LookHere
-    coordinates in key units (pooled queries sit at the centre of their ``POOL x POOL`` key cell), relpos terms
-    and rows. Relpos terms: both parts for the one-hot bias; with key tiles that are grid rows (``REL_ROWS``)
-    only ``rel_w``, and only when the caller keeps it (``KEEP_W``: its loop runs over key tiles)."""
-    tq, qly, qlx, q_valid = window_tokens(qt * BLOCK_M, BLOCK_M, QWH * QWW, QWW)
-    q = load_tile(Q + q_base, token_rows(qly, qlx, sq_h, sq_w), q_valid, offs_d, HEAD_DIM, COSQ, SINQ,
+                PAD_MASK: tl.constexpr, REL_ROWS: tl.constexpr, KEEP_W: tl.constexpr, PACK: tl.constexpr):
+    """Query tile ``qt`` of a window (or of a pack of windows): rotated q, local (row, col), existence,
+    unpadded-grid validity, LookHere coordinates in key units (pooled queries sit at the centre of their
+    ``POOL x POOL`` key cell), relpos terms and rows, the rows' offsets from the program's base token and their
+    slots. Relpos terms: both parts for the one-hot bias; with key tiles that are grid rows (``REL_ROWS``) only
+    ``rel_w``, and only when the caller keeps it (``KEEP_W``: its loop runs over key tiles)."""
+    tq, qly, qlx, q_valid, qry, qrx, q_slot = _tile_tokens(qt, BLOCK_M, QWH, QWW, pk, n_win, n_ww, PACK)
+    q = load_tile(Q + q_base, token_rows(qry, qrx, sq_h, sq_w), q_valid, offs_d, HEAD_DIM, COSQ, SINQ,
                   q_tab0 + tq * cq_t, ROT, HALF, HAS_ROPE)
     q_gvalid = q_valid
     if PAD_MASK:
-        q_gvalid = ((qy0 + qly) < QVH) & ((qx0 + qlx) < QVW)
+        q_gvalid = ((qy0 + qry) < QVH) & ((qx0 + qrx) < QVW)
     qy = (qly * POOL).to(tl.float32) + (POOL - 1) * 0.5
     qx = (qlx * POOL).to(tl.float32) + (POOL - 1) * 0.5
     rh = 0.0
     rw = 0.0
-    rel_rows = token_rows(qly, qlx, sr_h, sr_w)
+    rel_rows = token_rows(qry, qrx, sr_h, sr_w)
     if HAS_REL:
         if REL_ROWS:
             if KEEP_W:
                 rw = rel_w_rows(REL + r_base, rel_rows, q_valid, KH_P, KW_P)
         else:
             rh, rw = rel_tiles(REL + r_base, rel_rows, q_valid, KH_P, KW_P)
-    return tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows
+    return tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows, qry, qrx, q_slot
 
 
 @triton.jit
-def _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w):
-    rows = token_rows(qly, qlx, sl_h, sl_w)
+def _softmax_stats(LSE, DELTA, l_base, ry, rx, q_valid, sl_h, sl_w):
+    rows = token_rows(ry, rx, sl_h, sl_w)
     lse = tl.load(LSE + l_base + rows, mask=q_valid, other=float("inf"))
     delta = tl.load(DELTA + l_base + rows, mask=q_valid, other=0.0)
     return lse, delta
@@ -141,6 +201,7 @@ def attn_fwd(
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
     KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr, REL_ROWS: tl.constexpr,
+    PACK: tl.constexpr,
 ):
     pid_g = tl.program_id(0)
     sq_b, sq_h, sq_w, sq_n = sq_b * SV, sq_h * SV, sq_w * SV, sq_n * SV
@@ -150,14 +211,15 @@ def attn_fwd(
     qt = tl.program_id(1)
     head = tl.program_id(2)
     offs_d = tl.arange(0, BLOCK_D)
-    b, qy0, qx0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
+    b, qy0, qx0, pk = _program_origin(pid_g, n_win, n_ww, QWH, QWW, PACK)
     ky0 = qy0 * POOL
     kx0 = qx0 * POOL
     r_base = base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n)
-    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows = _query_tile(
+    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows, qry, qrx, q_slot = _query_tile(
         Q, base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n), sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW,
         POOL, COSQ, SINQ, head * cq_n, cq_t, REL, r_base, sr_h, sr_w,
-        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK, REL_ROWS, True)
+        KWH, KWW, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK,
+        REL_ROWS, True, PACK)
     a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
     k_base = base_offset(b, ky0, kx0, head, sk_b, sk_h, sk_w, sk_n)
     v_base = base_offset(b, ky0, kx0, head, sv_b, sv_h, sv_w, sv_n)
@@ -168,14 +230,16 @@ def attn_fwd(
     n_lh = tl.num_programs(2) * n_qt * n_kt  # query-major LookHere lists: n_lh entries, then one count per row
     for i in range(0, _visit_count(CLS, n_lh + head * n_qt + qt, n_kt, HAS_LH)):
         kt = _visit_tile(CLS, (head * n_qt + qt) * n_kt, i, HAS_LH)
-        kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+        tk, kly, klx, k_valid, k_gvalid, k, v, kry, krx, k_slot = _key_tile(
             K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
-            head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
+            head * ck_n, ck_t, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK,
+            PACK)
         bias = 0.0
         if HAS_REL:
             bias = tile_bias(REL + r_base, rel_rows, q_valid, rh, rw, kt, kly, klx, KH_P, KW_P, REL_ROWS, PRECISION)
         s = logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
                         a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK, PRECISION)
+        s = _same_window(s, q_slot, k_slot, PACK, False)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with every key masked so far keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -188,12 +252,12 @@ def attn_fwd(
     seen = l_i > 0.0
     out = acc / tl.where(seen, l_i, 1.0)[:, None]
     o_base = base_offset(b, qy0, qx0, head, so_b, so_h, so_w, so_n)
-    tl.store(O + o_base + token_rows(qly, qlx, so_h, so_w)[:, None] + offs_d[None, :], out.to(O.dtype.element_ty),
+    tl.store(O + o_base + token_rows(qry, qrx, so_h, so_w)[:, None] + offs_d[None, :], out.to(O.dtype.element_ty),
              mask=tile_mask(q_valid, offs_d, HEAD_DIM))
     # +inf for a row that saw nothing makes every recomputed probability 0 in the backward passes.
     lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("inf"))
     l_base = base_offset(b, qy0, qx0, head, sl_b, sl_h, sl_w, 1)
-    tl.store(LSE + l_base + token_rows(qly, qlx, sl_h, sl_w), lse, mask=q_valid)
+    tl.store(LSE + l_base + token_rows(qry, qrx, sl_h, sl_w), lse, mask=q_valid)
 
 
 @triton.jit(do_not_specialize=_GEOMETRY)
@@ -210,7 +274,7 @@ def attn_bwd_dq(
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
     KV_SAME: tl.constexpr, PRECISION: tl.constexpr, REL_PRECISION: tl.constexpr, SV: tl.constexpr,
-    REL_ROWS: tl.constexpr,
+    REL_ROWS: tl.constexpr, PACK: tl.constexpr,
 ):
     """dQ, and the per-query relpos gradients d rel_h, d rel_w reduced over keys right here (no atomics); also
     writes ``DELTA = rowsum(O * DO)`` (fp32, LSE's layout) for the dK/dV pass."""
@@ -224,24 +288,25 @@ def attn_bwd_dq(
     qt = tl.program_id(1)
     head = tl.program_id(2)
     offs_d = tl.arange(0, BLOCK_D)
-    b, qy0, qx0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
+    b, qy0, qx0, pk = _program_origin(pid_g, n_win, n_ww, QWH, QWW, PACK)
     ky0 = qy0 * POOL
     kx0 = qx0 * POOL
     r_base = base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n)
-    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows = _query_tile(
+    tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows, qry, qrx, q_slot = _query_tile(
         Q, base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n), sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW,
         POOL, COSQ, SINQ, head * cq_n, cq_t, REL, r_base, sr_h, sr_w,
-        KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK, REL_ROWS, True)
+        KWH, KWW, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL, KH_P, KW_P, PAD_MASK,
+        REL_ROWS, True, PACK)
     do_base = base_offset(b, qy0, qx0, head, sdo_b, sdo_h, sdo_w, sdo_n)
-    do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
+    do = tl.load(DO + do_base + token_rows(qry, qrx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
                  mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
     # delta = rowsum(o * do) in fp32, computed here for this program's queries (each query row belongs to exactly
     # one dQ program) and stored for the dK/dV pass, which launches after this one.
-    o = tl.load(O + base_offset(b, qy0, qx0, head, so_b, so_h, so_w, so_n) + token_rows(qly, qlx, so_h, so_w)[:, None]
+    o = tl.load(O + base_offset(b, qy0, qx0, head, so_b, so_h, so_w, so_n) + token_rows(qry, qrx, so_h, so_w)[:, None]
                 + offs_d[None, :], mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     l_base = base_offset(b, qy0, qx0, head, sl_b, sl_h, sl_w, 1)
-    l_rows = token_rows(qly, qlx, sl_h, sl_w)
+    l_rows = token_rows(qry, qrx, sl_h, sl_w)
     tl.store(DELTA + l_base + l_rows, delta, mask=q_valid)
     lse = tl.load(LSE + l_base + l_rows, mask=q_valid, other=float("inf"))
     a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
@@ -254,14 +319,16 @@ def attn_bwd_dq(
     n_lh = tl.num_programs(2) * n_qt * n_kt  # query-major LookHere lists: n_lh entries, then one count per row
     for i in range(0, _visit_count(CLS, n_lh + head * n_qt + qt, n_kt, HAS_LH)):
         kt = _visit_tile(CLS, (head * n_qt + qt) * n_kt, i, HAS_LH)
-        kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+        tk, kly, klx, k_valid, k_gvalid, k, v, kry, krx, k_slot = _key_tile(
             K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
-            head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK)
+            head * ck_n, ck_t, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK,
+            PACK)
         bias = 0.0
         if HAS_REL:
             bias = tile_bias(REL + r_base, rel_rows, q_valid, rh, rw, kt, kly, klx, KH_P, KW_P, REL_ROWS, PRECISION)
         s = logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
                         a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK, PRECISION)
+        s = _same_window(s, q_slot, k_slot, PACK, False)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])  # gradient of the natural-unit logits
@@ -276,7 +343,7 @@ def attn_bwd_dq(
     if HAS_ROPE:
         dq = unrotate(dq, COSQ, SINQ, head * cq_n + tq * cq_t, q_valid, offs_d, ROT, HALF)
     dq_base = base_offset(b, qy0, qx0, head, sdq_b, sdq_h, sdq_w, sdq_n)
-    tl.store(DQ + dq_base + token_rows(qly, qlx, sdq_h, sdq_w)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+    tl.store(DQ + dq_base + token_rows(qry, qrx, sdq_h, sdq_w)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=tile_mask(q_valid, offs_d, HEAD_DIM))
     if HAS_REL:
         oh = tl.arange(0, KH_P)
@@ -301,6 +368,7 @@ def attn_bwd_dkdv(
     ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr, HAS_REL: tl.constexpr,
     KH_P: tl.constexpr, KW_P: tl.constexpr, HAS_LH: tl.constexpr, PAD_MASK: tl.constexpr,
     KV_SAME: tl.constexpr, PRECISION: tl.constexpr, SV: tl.constexpr, REL_ROWS: tl.constexpr,
+    PACK: tl.constexpr,
 ):
     """dK, dV of one key tile, looping over the query tiles of its window (DK and DV share strides)."""
     pid_g = tl.program_id(0)
@@ -312,14 +380,14 @@ def attn_bwd_dkdv(
     kt = tl.program_id(1)
     head = tl.program_id(2)
     offs_d = tl.arange(0, BLOCK_D)
-    b, qy0, qx0 = window_origin(pid_g, n_win, n_ww, QWH, QWW)
+    b, qy0, qx0, pk = _program_origin(pid_g, n_win, n_ww, QWH, QWW, PACK)
     ky0 = qy0 * POOL
     kx0 = qx0 * POOL
     k_base = base_offset(b, ky0, kx0, head, sk_b, sk_h, sk_w, sk_n)
-    kly, klx, k_valid, k_gvalid, k, v = _key_tile(
+    tk, kly, klx, k_valid, k_gvalid, k, v, kry, krx, k_slot = _key_tile(
         K, V, k_base, base_offset(b, ky0, kx0, head, sv_b, sv_h, sv_w, sv_n), sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0,
-        KWH, KWW, KVH, KVW, COSK, SINK, head * ck_n, ck_t, offs_d, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME,
-        PAD_MASK)
+        KWH, KWW, KVH, KVW, COSK, SINK, head * ck_n, ck_t, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_N, ROT, HALF,
+        HAS_ROPE, KV_SAME, PAD_MASK, PACK)
     a0, b0, a1, b1, slope2 = _head_fov(FOV, SLOPE, head, HAS_LH)
     q_base = base_offset(b, qy0, qx0, head, sq_b, sq_h, sq_w, sq_n)
     r_base = base_offset(b, qy0, qx0, head, sr_b, sr_h, sr_w, sr_n)
@@ -332,17 +400,18 @@ def attn_bwd_dkdv(
     n_lh = heads * n_qt * n_kt  # key-major LookHere lists follow the query-major block and its counts
     for i in range(0, _visit_count(CLS, 2 * n_lh + heads * n_qt + head * n_kt + kt, n_qt, HAS_LH)):
         qt = _visit_tile(CLS, n_lh + heads * n_qt + (head * n_kt + kt) * n_qt, i, HAS_LH)
-        tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows = _query_tile(
+        tq, qly, qlx, q_valid, q_gvalid, qy, qx, q, rh, rw, rel_rows, qry, qrx, q_slot = _query_tile(
             Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL, COSQ, SINQ, head * cq_n, cq_t,
-            REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE, HAS_REL,
-            KH_P, KW_P, PAD_MASK, REL_ROWS, False)
-        do = tl.load(DO + do_base + token_rows(qly, qlx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
+            REL, r_base, sr_h, sr_w, KWH, KWW, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_M, ROT, HALF, HAS_ROPE,
+            HAS_REL, KH_P, KW_P, PAD_MASK, REL_ROWS, False, PACK)
+        do = tl.load(DO + do_base + token_rows(qry, qrx, sdo_h, sdo_w)[:, None] + offs_d[None, :],
              mask=tile_mask(q_valid, offs_d, HEAD_DIM), other=0.0)
-        lse, delta = _softmax_stats(LSE, DELTA, l_base, qly, qlx, q_valid, sl_h, sl_w)
+        lse, delta = _softmax_stats(LSE, DELTA, l_base, qry, qrx, q_valid, sl_h, sl_w)
         if HAS_REL and not REL_ROWS:  # transposed one-hot bias dots would serialize the loop (C7515)
             s = logits_tile(q, k, qk_scale, onehot_bias(rh, rw, kly, klx, KH_P, KW_P, PRECISION), kly, klx,
                             k_valid, qy, qx, q_gvalid, k_gvalid, a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK,
                             PRECISION)
+            s = _same_window(s, q_slot, k_slot, PACK, False)
             p = tl.math.exp2(s - lse[:, None])
             dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
             dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
@@ -355,6 +424,7 @@ def attn_bwd_dkdv(
                                a0, b0, a1, b1, slope2, HAS_LH, PAD_MASK, PRECISION)
             if HAS_REL:  # row-aligned (key tile kt is grid row kt): no dots; masked logits stay -inf
                 st += row_bias_t(REL + r_base, rel_rows, q_valid, kt, KH_P, BLOCK_N) * 1.4426950408889634
+            st = _same_window(st, q_slot, k_slot, PACK, True)
             pt = tl.math.exp2(st - lse[None, :])
             dv += tl.dot(pt.to(do.dtype), do, input_precision=PRECISION)
             dpt = tl.dot(v, tl.trans(do), input_precision=PRECISION)
@@ -363,10 +433,9 @@ def attn_bwd_dkdv(
 
     dk = dk * scale
     if HAS_ROPE:
-        tk = kt * BLOCK_N + tl.arange(0, BLOCK_N)
         dk = unrotate(dk, COSK, SINK, head * ck_n + tk * ck_t, k_valid, offs_d, ROT, HALF)
     out_base = base_offset(b, ky0, kx0, head, sdk_b, sdk_h, sdk_w, sdk_n)
-    out_rows = token_rows(kly, klx, sdk_h, sdk_w)
+    out_rows = token_rows(kry, krx, sdk_h, sdk_w)
     omask = tile_mask(k_valid, offs_d, HEAD_DIM)
     tl.store(DK + out_base + out_rows[:, None] + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=omask)
     tl.store(DV + out_base + out_rows[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=omask)

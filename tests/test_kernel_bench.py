@@ -95,13 +95,29 @@ def test_sweep_times_every_configuration_and_restores_the_defaults(monkeypatch):
     monkeypatch.setattr(kernel_sweep, "SWEEP_BLOCKS", ((16, 16), (32, 32), (64, 64)))
     monkeypatch.setattr(kernel_sweep, "SWEEP_WARPS", (2, 4))
     monkeypatch.setattr(kernel_sweep, "SWEEP_STAGES", (2,))
-    shape = bench.dry_run_shapes()[0]  # 4x4 windows: 16 tokens, so 64-wide tiles (> 2x the window) are not tried
+    monkeypatch.setattr(kernel_sweep, "MAX_PACKED_TILE", 64)
+    # 4x4 windows: 16 tokens, so 64-wide tiles (> 2x the window) are not tried; four windows per image, so 16 x 16
+    # blocks pack 1, 2 or 4 windows per program and 32 x 32 ones 1 or 2 (tiles up to 64)
+    shape = bench.dry_run_shapes()[0]
     result = kernel_sweep.sweep_shape(shape, "none", torch.float32, torch.device("cpu"), 1, time.time() + 600)
     assert not result["cut_short"]
-    assert [(t["blocks"], t["num_warps"]) for t in result["trials"]] == [
-        ([16, 16], 2), ([16, 16], 4), ([32, 32], 2), ([32, 32], 4)]
+    assert [(t["blocks"], t["pack"], t["num_warps"]) for t in result["trials"]] == [
+        ([16, 16], 1, 2), ([16, 16], 1, 4), ([16, 16], 2, 2), ([16, 16], 2, 4), ([16, 16], 4, 2), ([16, 16], 4, 4),
+        ([32, 32], 1, 2), ([32, 32], 1, 4), ([32, 32], 2, 2), ([32, 32], 2, 4)]
     assert all(t["fwd_ms"] > 0 and t["bwd_ms"] is not None for t in result["trials"])
-    kernels = {key.split("|")[0] for key in result["tuned"]}
-    assert kernels == {"fwd", "bwd"}
-    assert all(best["blocks"] in ([16, 16], [32, 32]) for best in result["tuned"].values())
+    # one key per kernel and launched tile: BLOCK_M x BLOCK_N of the whole tile, "pack" among the terms when packed
+    assert set(result["tuned"]) == {f"{k}|{m}|{m}|32|{terms}" for k in ("fwd", "bwd")
+                                    for m, terms in ((16, "()"), (32, "()"), (32, "('pack',)"), (64, "('pack',)"))}
+    assert all((best["blocks"], best["pack"]) in (([16, 16], 1), ([16, 16], 2), ([16, 16], 4), ([32, 32], 1),
+                                                  ([32, 32], 2)) for best in result["tuned"].values())
     assert A.TUNED == {}
+
+
+def test_sweep_packs_only_windows_that_fit_a_block():
+    from winpos.bench.kernel_sweep import sweep_packs
+
+    assert sweep_packs((16, 16), 16, 16, 1024) == (1, 2, 4, 8)
+    assert sweep_packs((16, 64), 16, 64, 1024) == (1, 2)
+    assert sweep_packs((64, 64), 49, 49, 1024) == (1, 2)
+    assert sweep_packs((16, 16), 16, 64, 1024) == (1,)  # the key window does not fit one block
+    assert sweep_packs((16, 16), 16, 16, 3) == (1, 2)  # no more than the image's windows

@@ -47,6 +47,7 @@ class Case:
     lookhere: str = None  # variant
     valid_hw: tuple = None  # with pad_mode="mask"
     blocks: tuple = (32, 32)
+    pack: int = None  # windows per program (None: the kernels' default)
     layout: str = "qkv"  # "qkv": strided views of one packed tensor; "split": separate (v with other strides)
     batch: int = 1
     param_tol: float = None  # atol = rtol for the position-parameter gradients (default: the dtype's TOL)
@@ -101,7 +102,7 @@ def check_case(case: Case, seed: int = 0) -> dict:
     pos, params = make_pos(case)
     kwargs = dict(window=case.window, pos=pos, valid_hw=case.valid_hw,
                   pad_mode="mask" if case.valid_hw else "zeros")
-    out = window_attention(q, k, v, blocks=case.blocks, **kwargs)
+    out = window_attention(q, k, v, blocks=case.blocks, pack=case.pack, **kwargs)
     assert out.shape == q.shape and out.dtype == q.dtype and out.device == q.device
     grad_out = torch.randn(out.shape, generator=gen).to(device=DEVICE, dtype=case.dtype)
     leaves = [q, k, v, *params]

@@ -36,6 +36,8 @@ def _qkv(H=8, W=8, heads=2, D=32, dtype=torch.float32, pool=1):
     (lambda q, k, v: (q, k, v), {"window": 4, "pad_mode": "reflect"}, "pad_mode"),
     (lambda q, k, v: (q, k, v), {"valid_hw": (9, 8), "pad_mode": "mask"}, "inside the padded"),
     (lambda q, k, v: (q, k, v), {"blocks": (8, 16)}, "powers of two >= 16"),
+    (lambda q, k, v: (q, k, v), {"window": 4, "pack": 3}, "power of two >= 1"),
+    (lambda q, k, v: (q, k, v), {"window": 8, "blocks": (16, 16), "pack": 2}, "inside one 16 x 16 block"),
     (lambda q, k, v: (q, k, v), {"pos": PositionTerms(lookhere=LookHere(3, "45"))}, "built for 3 heads"),
     (lambda q, k, v: (q, k, v), {"pos": PositionTerms(rel_pos=(torch.zeros(15, 16), torch.zeros(15, 16)))},
      "head_dim=32"),

@@ -67,6 +67,19 @@ CASES = [
          valid_hw=(7, 6), dtype=F16, blocks=(16, 32)),
 ]
 
+# Several windows per program (``pack``): a tile of whole windows side by side with a block-diagonal mask. Images
+# whose window count the pack does not divide (a partial last pack), batches, pooled queries, every position term
+# and the padding mask, the qkv and the split layouts.
+CASES += [
+    Case("pack4_w4_batch2_partial", (12, 8), 2, 32, window=4, batch=2, blocks=(16, 16)),
+    Case("pack4_w4_pooled", (16, 16), 2, 32, window=4, pool=2, blocks=(16, 16)),
+    Case("pack4_w4_relpos_lookhere_pad", (12, 12), 4, 32, window=4, relpos=4, lookhere="45", valid_hw=(11, 10),
+         blocks=(16, 16)),
+    Case("pack2_w4_rope_split", (8, 12), 2, 32, window=4, rope=dict(fraction=0.5), layout="split", blocks=(16, 32),
+         pack=2),
+    Case("pack4_w2_pooled_relpos_fp16", (8, 8), 2, 64, window=4, pool=2, relpos=4, dtype=F16, blocks=(16, 16)),
+]
+
 # The HieraDet paths in half precision, with the kernels' default tiles (blocks=None): head_dim 56 on qkv views
 # (16-byte stride unit), pooled stage transitions, 4x4 and 7x7 windows with a pad mask and LookHere, global relpos
 # at KH_P = 32, and head_dim 60 (strides not a multiple of 16 bytes: the unit-1 path). fp16 under the interpreter
@@ -74,7 +87,10 @@ CASES = [
 LOW_PRECISION_CASES = [
     Case("hiera_w8_d56", (16, 16), 2, 56, window=8, dtype=F16, blocks=None),
     Case("hiera_w8_pooled_d56", (16, 16), 4, 56, window=8, pool=2, dtype=F16, blocks=None),
-    Case("hiera_w4_d56", (8, 8), 4, 56, window=4, dtype=F16, blocks=None),
+    Case("hiera_w4_d56", (8, 8), 4, 56, window=4, dtype=F16, blocks=None),  # default: four windows per program
+    Case("hiera_w4_d56_one_window", (8, 8), 4, 56, window=4, dtype=F16, blocks=None, pack=1),
+    Case("pack4_w4_rope_pad_d56", (12, 16), 2, 56, window=4, rope=dict(fraction=0.5), valid_hw=(11, 14), dtype=F16,
+         blocks=None),
     Case("hiera_w7_pad_lookhere_d56", (14, 14), 4, 56, window=7, valid_hw=(13, 12), lookhere="45", dtype=F16,
          blocks=None),
     # The relpos table gradients sum half-precision per-query terms (drel is stored in q's dtype) over every query
@@ -121,6 +137,32 @@ def test_row_aligned_relpos_is_chosen_when_key_tiles_lie_in_one_grid_row(monkeyp
         seen.clear()
         check_case(case)
         assert seen == [rows] * 3, f"{case}: REL_ROWS {seen}"
+
+
+def test_small_windows_share_a_program_by_default(monkeypatch, device):
+    """``pack``: the kernels get PACK windows per tile (and BLOCK_M = PACK * block_m) by default exactly when a
+    window fits one block; pack=1 keeps one window per program. The cases above check both against the reference."""
+    from winpos.kernels import _jit
+
+    seen = []
+    launch = _jit.launch
+
+    def record(kernel, grid, **kwargs):
+        seen.append((kwargs["PACK"], kwargs["BLOCK_M"], kwargs["BLOCK_N"], grid[0]))
+        return launch(kernel, grid, **kwargs)
+
+    monkeypatch.setattr(_jit, "launch", record)
+    for case, want in ((Case("w4", (8, 12), 2, 32, window=4, blocks=(16, 16)), (4, 64, 64, 2)),
+                       (Case("w4_batch2", (8, 12), 2, 32, window=4, blocks=(16, 16), batch=2), (4, 64, 64, 4)),
+                       (Case("w4_pack1", (8, 12), 2, 32, window=4, blocks=(16, 16), pack=1), (1, 16, 16, 6)),
+                       (Case("w4_two", (4, 8), 2, 32, window=4, blocks=(16, 16)), (2, 32, 32, 1)),
+                       (Case("w4_d80", (8, 8), 2, 80, window=4, blocks=(16, 16)), (2, 32, 32, 2)),  # 64 x 32 cap
+                       (Case("w4_pooled", (8, 8), 2, 32, window=4, pool=2, blocks=None), (4, 64, 64, 1)),
+                       (Case("w8", (16, 16), 2, 32, window=8, blocks=(16, 16)), (1, 16, 16, 4)),
+                       (Case("global", (4, 4), 2, 32, blocks=(16, 16)), (1, 16, 16, 1))):
+        seen.clear()
+        check_case(case)
+        assert seen == [want] * 3, f"{case}: (PACK, BLOCK_M, BLOCK_N, programs) {seen}"
 
 
 @settings(max_examples=6, deadline=None)

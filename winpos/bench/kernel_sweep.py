@@ -1,5 +1,5 @@
 """The block-configuration sweep of the fused kernels (``python -m winpos.bench.kernels --sweep``): per shape and
-position term, every tile shape x warps x stages through the kernels' tuning hook
+position term, every tile shape x windows per program x warps x stages through the kernels' tuning hook
 (``winpos.kernels.attention_fwd_bwd.set_tuned``), timed like the benchmark's rows; the fastest options per kernel
 key are the candidate ``TUNED`` table for the GPU that ran it.
 """
@@ -9,19 +9,31 @@ import time
 
 from .kernels import VARIANTS, Shape, _inputs, _plan, _report, _time_fn, _write, make_pos, split_qkv
 
-__all__ = ["SWEEP_BLOCKS", "SWEEP_STAGES", "SWEEP_WARPS", "run_sweep", "sweep_shape"]
+__all__ = ["SWEEP_BLOCKS", "SWEEP_STAGES", "SWEEP_WARPS", "run_sweep", "sweep_packs", "sweep_shape"]
 
 SWEEP_BLOCKS = ((16, 16), (16, 64), (32, 32), (64, 32), (64, 64), (128, 64))
 SWEEP_WARPS = (2, 4, 8)
 SWEEP_STAGES = (2, 3)
+MAX_PACKED_TILE = 128  # rows or keys of a tile holding several windows
+
+
+def sweep_packs(blocks: tuple, q_tokens: int, k_tokens: int, windows: int) -> tuple:
+    """Windows per program to try with per-window ``blocks``: 1, and when a query and a key window each fit one
+    block, every power of two whose tile stays within ``MAX_PACKED_TILE`` and the image's window count."""
+    bm, bn = blocks
+    packs = [1]
+    if q_tokens <= bm and k_tokens <= bn:
+        while 2 * packs[-1] * max(bm, bn) <= MAX_PACKED_TILE and 2 * packs[-1] <= windows:
+            packs.append(2 * packs[-1])
+    return tuple(packs)
 
 
 def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: float) -> dict:
-    """The fused kernels of one shape and variant over ``SWEEP_BLOCKS`` x ``SWEEP_WARPS`` x ``SWEEP_STAGES``
-    (tiles no larger than twice the window's tokens); returns every timing and the fastest options per kernel
-    (``"fwd"`` from the forward, ``"bwd"`` from forward+backward minus the forward) as ``TUNED`` entries."""
+    """The fused kernels of one shape and variant over ``SWEEP_BLOCKS`` x ``sweep_packs`` x ``SWEEP_WARPS`` x
+    ``SWEEP_STAGES`` (per-window tiles no larger than twice the window's tokens); returns every timing and the
+    fastest options per kernel (``"fwd"`` from the forward, ``"bwd"`` from forward+backward minus the forward) as
+    ``TUNED`` entries, each with the ``blocks`` and ``pack`` it was timed with."""
     from winpos.kernels import attention_fwd_bwd as A
-    from winpos.kernels import window_attention
 
     cuda = device.type == "cuda"
     qkv = _inputs(shape, dtype, device)
@@ -33,32 +45,47 @@ def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: 
         for bm, bn in SWEEP_BLOCKS:
             if bm > 2 * max(nq, 16) or bn > 2 * max(nk, 16):
                 continue
-            for warps in SWEEP_WARPS:
-                for stages in SWEEP_STAGES:
-                    if time.time() > deadline:
-                        return {"trials": trials, "tuned": best, "cut_short": True}
-                    args = dict(HAS_ROPE=pos.rope is not None, HAS_REL=pos.rel_pos is not None,
-                                HAS_LH=pos.lookhere is not None, BLOCK_M=bm, BLOCK_N=bn,
-                                BLOCK_D=max(16, 1 << (shape.head_dim - 1).bit_length()),
-                                REL_ROWS=pos.rel_pos is not None and plan.kww == bn)  # as _kernel_args sets it
-                    opts = {"num_warps": warps, "num_stages": stages}
-                    A.set_tuned({A.launch_key(args, False): opts, A.launch_key(args, True): opts})
-                    fn = lambda x, b=(bm, bn): window_attention(*split_qkv(x, shape.pool), window=shape.window,
-                                                                pos=pos, blocks=b)
-                    try:
-                        t = _time_fn(fn, qkv, cuda, reps)
-                    except Exception as e:  # a configuration that does not compile (registers, shared memory)
-                        trials.append(dict(blocks=[bm, bn], **opts, error=f"{type(e).__name__}: {e}"[:200]))
-                        continue
-                    fwd, bwd = t["fwd"]["ms"], t["fwd_bwd"]["ms"] - t["fwd"]["ms"]
-                    trials.append(dict(blocks=[bm, bn], **opts, fwd_ms=fwd, bwd_ms=bwd))
-                    for kernel, ms in (("fwd", fwd), ("bwd", bwd)):
-                        key = "|".join(map(str, A.launch_key(args, kernel == "bwd")))
-                        if key not in best or ms < best[key]["ms"]:
-                            best[key] = dict(opts, blocks=[bm, bn], ms=ms)
+            for pack in sweep_packs((bm, bn), nq, nk, plan.n_wh * plan.n_ww):
+                for warps in SWEEP_WARPS:
+                    for stages in SWEEP_STAGES:
+                        if time.time() > deadline:
+                            return {"trials": trials, "tuned": best, "cut_short": True}
+                        trial = _trial(shape, pos, plan, (bm, bn), pack, warps, stages, qkv, cuda, reps)
+                        trials.append(trial)
+                        if "error" in trial:
+                            continue
+                        for kernel in ("fwd", "bwd"):
+                            key, ms = trial["keys"][kernel], trial[f"{kernel}_ms"]
+                            if key not in best or ms < best[key]["ms"]:
+                                best[key] = dict(num_warps=warps, num_stages=stages, blocks=[bm, bn], pack=pack,
+                                                 ms=ms)
     finally:
         A.set_tuned({})
     return {"trials": trials, "tuned": best, "cut_short": False}
+
+
+def _trial(shape: Shape, pos, plan, blocks: tuple, pack: int, warps: int, stages: int, qkv, cuda: bool,
+           reps: int) -> dict:
+    """Time one configuration through ``set_tuned`` (forward, and backward as forward+backward minus forward)."""
+    from winpos.kernels import attention_fwd_bwd as A
+    from winpos.kernels import window_attention
+
+    bm, bn = blocks
+    args = dict(HAS_ROPE=pos.rope is not None, HAS_REL=pos.rel_pos is not None, HAS_LH=pos.lookhere is not None,
+                BLOCK_M=bm * pack, BLOCK_N=bn * pack, PACK=pack,
+                BLOCK_D=max(16, 1 << (shape.head_dim - 1).bit_length()),
+                REL_ROWS=pos.rel_pos is not None and plan.kww == bn and pack == 1)  # as _kernel_args sets it
+    opts = {"num_warps": warps, "num_stages": stages}
+    keys = {kernel: A.launch_key(args, kernel == "bwd") for kernel in ("fwd", "bwd")}
+    A.set_tuned({keys["fwd"]: opts, keys["bwd"]: opts})
+    trial = dict(blocks=[bm, bn], pack=pack, **opts)
+    fn = lambda x: window_attention(*split_qkv(x, shape.pool), window=shape.window, pos=pos, blocks=blocks, pack=pack)
+    try:
+        t = _time_fn(fn, qkv, cuda, reps)
+    except Exception as e:  # a configuration that does not compile (registers, shared memory)
+        return dict(trial, error=f"{type(e).__name__}: {e}"[:200])
+    return dict(trial, fwd_ms=t["fwd"]["ms"], bwd_ms=t["fwd_bwd"]["ms"] - t["fwd"]["ms"],
+                keys={kernel: "|".join(map(str, key)) for kernel, key in keys.items()})
 
 
 def run_sweep(shapes, dtype, device, reps, budget_s, out_path, variants=VARIANTS):
