@@ -286,14 +286,26 @@ def _remember(key, value):
     return value
 
 
+def _signature(q, k, v, cos_q, cos_k, rel, fov, tile_cls, geom, scale) -> tuple:
+    """Everything the launches' non-tensor arguments depend on (the ``_STATIC`` key of a forward; a backward adds
+    its gradient's layout)."""
+    return (*geom, scale, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), _layout(cos_q),
+            _layout(cos_k), _layout(rel), fov is None, _layout(tile_cls))
+
+
 def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
+    return _launch_fwd_signed(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)[:2]
+
+
+def _launch_fwd_signed(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
+    """The forward launch; returns ``(out, lse, signature)``, the signature for the backward's cache key."""
     _jit.check_launchable(q, k, v)
     kern = _jit.load("tl_attention")
     B, Hq, Wq, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Wq, heads), dtype=torch.float32, device=q.device)
-    key = ("fwd", *geom, scale, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), _layout(cos_q),
-           _layout(cos_k), _layout(rel), fov is None, _layout(tile_cls))
+    sig = _signature(q, k, v, cos_q, cos_k, rel, fov, tile_cls, geom, scale)
+    key = ("fwd", sig)
     hit = _STATIC.get(key)
     if hit is None:
         plan = Plan._make(geom)
@@ -304,10 +316,12 @@ def _launch_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls,
     grid, static = hit
     _jit.launch(kern.attn_fwd, grid, O=out, **_tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
                                                            tile_cls), **static)
-    return out, lse
+    return out, lse, sig
 
 
-def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale):
+def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale, sig=None):
+    """The backward launches; ``sig``: the forward's signature when it is known (the eager autograd path), which
+    spares rebuilding it (q, k, v, out and lse are the forward's own tensors)."""
     _jit.check_launchable(do, q, k, v)
     kern = _jit.load("tl_attention")
     if do.stride(-1) != 1:
@@ -319,8 +333,9 @@ def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slo
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     drel = torch.empty_like(rel, memory_format=torch.contiguous_format) if rel is not None else q.new_empty(0)
-    key = ("bwd", *geom, scale, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), do.shape, do.stride(),
-           out.stride(), lse.stride(), _layout(cos_q), _layout(cos_k), _layout(rel), fov is None, _layout(tile_cls))
+    if sig is None:
+        sig = _signature(q, k, v, cos_q, cos_k, rel, fov, tile_cls, geom, scale)
+    key = ("bwd", sig, do.shape, do.stride(), out.stride(), lse.stride())
     hit = _STATIC.get(key)
     if hit is None:
         plan = Plan._make(geom)
@@ -374,10 +389,14 @@ def _(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), drel
 
 
-def _attention_backward(saved, geom, scale, do, rel_needs_grad):
+def _attention_backward(saved, geom, scale, do, rel_needs_grad, sig=None):
     q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls = saved
-    bwd = _launch_bwd if _jit.eager(do) else torch.ops.winpos.window_attention_bwd
-    dq, dk, dv, drel = bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
+    if _jit.eager(do):
+        dq, dk, dv, drel = _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls,
+                                       geom, scale, sig)
+    else:
+        dq, dk, dv, drel = torch.ops.winpos.window_attention_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k,
+                                                                 rel, fov, slopes, tile_cls, geom, scale)
     return dq, dk, dv, (drel if rel is not None and rel_needs_grad else None)
 
 
@@ -392,16 +411,32 @@ class WindowAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls, geom, scale):
         # (autograd.Function.forward runs without grad.) Eager: a direct launch (see _jit.eager).
-        fwd = _launch_fwd if _jit.eager(q) else torch.ops.winpos.window_attention_fwd
-        out, lse = fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)
+        sig = None
+        if _jit.eager(q):
+            out, lse, sig = _launch_fwd_signed(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom,
+                                               scale)
+        else:
+            out, lse = torch.ops.winpos.window_attention_fwd(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
+                                                             tile_cls, geom, scale)
         ctx.save_for_backward(q, k, v, out, lse, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls)
-        ctx.geom, ctx.scale = geom, scale
+        ctx.geom, ctx.scale, ctx.sig = geom, scale, sig
         return out
 
     @staticmethod
     def backward(ctx, do):
-        dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3])
+        dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3],
+                                               ctx.sig)
         return dq, dk, dv, drel, *([None] * 9)
+
+
+def attention(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls, geom, scale):
+    """``WindowAttentionFunction.apply`` with the same arguments, except that an eager call nothing will
+    differentiate (grad mode off, or no input requiring grad) launches the forward directly: no autograd node,
+    nothing saved (the Function's own overhead is a quarter of the host time of such a call)."""
+    if _jit.eager(q) and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                           or (rel is not None and rel.requires_grad))):
+        return _launch_fwd_signed(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, geom, scale)[0]
+    return WindowAttentionFunction.apply(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, tile_cls, geom, scale)
 
 
 def attention_flops(plan: Plan, batch: int, heads: int, head_dim: int, backward: bool = False) -> float:
@@ -412,5 +447,5 @@ def attention_flops(plan: Plan, batch: int, heads: int, head_dim: int, backward:
     return groups * per * (7 if backward else 2)
 
 
-__all__ = ["Plan", "TUNED", "WindowAttentionFunction", "attention_flops", "default_blocks", "launch_key", "set_tuned", "window_attention_bwd",
+__all__ = ["Plan", "TUNED", "WindowAttentionFunction", "attention", "attention_flops", "default_blocks", "launch_key", "set_tuned", "window_attention_bwd",
            "window_attention_fwd"]

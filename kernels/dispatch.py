@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .attention_fwd_bwd import Plan, WindowAttentionFunction, _pow2, default_blocks, default_pack
+from .attention_fwd_bwd import Plan, _pow2, attention, default_blocks, default_pack
 from .rope import rotate_on_grid
 from winpos.windows import PAD_MODES, attention_groups
 
@@ -77,9 +77,46 @@ def _padding(pad_mode, valid_hw, k_hw, pool):
     return 1, -(-H // pool), -(-W // pool), H, W
 
 
+_DERIVED: dict = {}  # (ids and versions of source tensors, extra key) -> (the sources, what was derived from them)
+
+
+def _derived(sources: tuple, extra: tuple, build):
+    """``build()``, cached while the ``sources`` tensors are the same objects, unmodified (their version counters).
+    The entry holds the sources, so their ids cannot be reused by other tensors while it lives. Kernel inputs
+    prepared from position modules (validated, converted tables) cost a third of a call's host time otherwise."""
+    if torch.compiler.is_compiling():  # traced once into the graph: no cache (version counters are not traceable)
+        return build()
+    key = (*(id(t) for t in sources), *(t._version for t in sources), *extra)
+    hit = _DERIVED.get(key)
+    if hit is None:
+        if len(_DERIVED) >= 256:
+            _DERIVED.clear()
+        hit = _DERIVED[key] = (sources, build())
+    return hit[1]
+
+
 def _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside):
     """Fused tables (cos_q, sin_q, cos_k, sin_k, rot_dims, half) or rotated (q, k) when rotating outside."""
     t = rope.tables(q_win, k_win)
+    learnable = torch.is_grad_enabled() and any(x.requires_grad for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
+    if not (rotate_outside or learnable):
+        sources = (t.cos_q, t.sin_q, t.cos_k, t.sin_k)
+        extra = (t.rot_dims, t.pairing, q_win, k_win, heads, q.shape[-1], q.device)
+        return _derived(sources, extra, lambda: _fused_rope_tables(t, q_win, k_win, q, heads)), q, k
+    _check_rope_tables(t, q_win, k_win, q, heads)
+    q = rotate_on_grid(q, t.cos_q, t.sin_q, t.rot_dims, t.pairing, q_win)
+    k = rotate_on_grid(k, t.cos_k, t.sin_k, t.rot_dims, t.pairing, k_win)
+    return None, q, k
+
+
+def _fused_rope_tables(t, q_win, k_win, q, heads):
+    """Validated fp32 contiguous tables for the kernels: (cos_q, sin_q, cos_k, sin_k, rot_dims, half)."""
+    _check_rope_tables(t, q_win, k_win, q, heads)
+    tabs = tuple(x.detach().float().contiguous() for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
+    return (*tabs, t.rot_dims, t.pairing == "half")
+
+
+def _check_rope_tables(t, q_win, k_win, q, heads):
     head_dim = q.shape[-1]
     if t.pairing not in ("half", "interleaved"):
         raise ValueError(f"RoPE pairing {t.pairing!r} is not supported; use 'half' or 'interleaved'")
@@ -90,13 +127,6 @@ def _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside):
                              f"rot_dims={t.rot_dims} <= head_dim={head_dim}; build the RoPE for this attention")
         if tab.device != q.device:
             raise ValueError(f"RoPE tables are on {tab.device} but q is on {q.device}; move the RoPE module too")
-    learnable = torch.is_grad_enabled() and any(x.requires_grad for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
-    if rotate_outside or learnable:
-        q = rotate_on_grid(q, t.cos_q, t.sin_q, t.rot_dims, t.pairing, q_win)
-        k = rotate_on_grid(k, t.cos_k, t.sin_k, t.rot_dims, t.pairing, k_win)
-        return None, q, k
-    tabs = tuple(x.detach().float().contiguous() for x in (t.cos_q, t.sin_q, t.cos_k, t.sin_k))
-    return (*tabs, t.rot_dims, t.pairing == "half"), q, k
 
 
 def _rel_inputs(rel_pos, q, q_win, k_win):
@@ -124,15 +154,22 @@ def _rel_inputs(rel_pos, q, q_win, k_win):
 
 
 def _lookhere_inputs(lh, q_win, k_win, heads, blocks, device):
+    """(fov int32 (heads, 4), slopes fp32, compacted tile lists), cached while the module's buffers are unchanged."""
     fov, slopes = lh.fov, lh.slopes
+    cls = lh.tile_classes(q_win, k_win, blocks[0], blocks[1]) if hasattr(lh, "tile_classes") else None
+    sources = (fov, slopes) if cls is None else (fov, slopes, cls)
+    return _derived(sources, (q_win, k_win, heads, blocks, device),
+                    lambda: _lookhere_tensors(fov, slopes, cls, q_win, k_win, heads, blocks, device))
+
+
+def _lookhere_tensors(fov, slopes, cls, q_win, k_win, heads, blocks, device):
     if fov.shape != (heads, 2, 2) or slopes.shape != (heads,):
         raise ValueError(f"LookHere was built for {fov.shape[0]} heads (fov {tuple(fov.shape)}, slopes "
                          f"{tuple(slopes.shape)}) but attention has {heads}; build it with num_heads={heads}")
     if fov.device != device:
         raise ValueError(f"LookHere buffers are on {fov.device} but q is on {device}; move the module with the model")
     n_qt, n_kt = -(-q_win[0] * q_win[1] // blocks[0]), -(-k_win[0] * k_win[1] // blocks[1])
-    if hasattr(lh, "tile_classes"):
-        cls = lh.tile_classes(q_win, k_win, blocks[0], blocks[1])
+    if cls is not None:
         if cls.shape != (heads, n_qt, n_kt):
             raise ValueError(f"LookHere tile classes have shape {tuple(cls.shape)}, expected {(heads, n_qt, n_kt)}")
     else:  # no exact classes available: visit every tile (correct, just no skipping)
@@ -167,6 +204,29 @@ def lookhere_tile_lists(cls: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+_GEOMETRY: dict = {}  # (shapes, window, padding, tiles) -> what _geometry derived from them
+
+
+def _geometry(q, k, window, valid_hw, pad_mode, blocks, pack):
+    """Windows, padding, tiles and windows per program of a call, validated (cached per call signature)."""
+    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+    n_wh, n_ww, q_win, k_win, pool = attention_groups(q_hw, k_hw, window)
+    padding = _padding(pad_mode, valid_hw, k_hw, pool)
+    D = q.shape[4]
+    blocks = tuple(blocks) if blocks is not None else default_blocks(D, q_win[0] * q_win[1], k_win[0] * k_win[1])
+    if len(blocks) != 2 or any(b < 16 or b & (b - 1) for b in blocks):
+        raise ValueError(f"blocks={blocks} must be two powers of two >= 16 (tl.dot needs tiles of at least 16)")
+    q_tokens, k_tokens = q_win[0] * q_win[1], k_win[0] * k_win[1]
+    if pack is None:
+        pack = default_pack(D, blocks, q_tokens, k_tokens, n_wh * n_ww)
+    elif not (isinstance(pack, int) and pack >= 1 and pack & (pack - 1) == 0):
+        raise ValueError(f"pack={pack!r} must be a power of two >= 1 (windows per program)")
+    elif pack > 1 and (q_tokens > blocks[0] or k_tokens > blocks[1]):
+        raise ValueError(f"pack={pack} needs each {q_win[0]}x{q_win[1]} query window and {k_win[0]}x{k_win[1]} key "
+                         f"window inside one {blocks[0]} x {blocks[1]} block; use pack=1 or larger blocks")
+    return n_wh, n_ww, q_win, k_win, pool, padding, blocks, pack
+
+
 def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None, blocks=None,
                      pack=None):
     """Fused window/global attention on the token grid (Triton), forward and backward.
@@ -191,22 +251,21 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     D may be any size in 16..128; float16/bfloat16/float32 (no bfloat16 under the CPU interpreter).
     """
     _check_qkv(q, k, v)
-    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
-    n_wh, n_ww, q_win, k_win, pool = attention_groups(q_hw, k_hw, window)
-    pad_mask, qvh, qvw, kvh, kvw = _padding(pad_mode, valid_hw, k_hw, pool)
     B, heads, D = q.shape[0], q.shape[3], q.shape[4]
     scale = D ** -0.5 if scale is None else float(scale)
-    blocks = tuple(blocks) if blocks is not None else default_blocks(D, q_win[0] * q_win[1], k_win[0] * k_win[1])
-    if len(blocks) != 2 or any(b < 16 or b & (b - 1) for b in blocks):
-        raise ValueError(f"blocks={blocks} must be two powers of two >= 16 (tl.dot needs tiles of at least 16)")
-    q_tokens, k_tokens = q_win[0] * q_win[1], k_win[0] * k_win[1]
-    if pack is None:
-        pack = default_pack(D, blocks, q_tokens, k_tokens, n_wh * n_ww)
-    elif not (isinstance(pack, int) and pack >= 1 and pack & (pack - 1) == 0):
-        raise ValueError(f"pack={pack!r} must be a power of two >= 1 (windows per program)")
-    elif pack > 1 and (q_tokens > blocks[0] or k_tokens > blocks[1]):
-        raise ValueError(f"pack={pack} needs each {q_win[0]}x{q_win[1]} query window and {k_win[0]}x{k_win[1]} key "
-                         f"window inside one {blocks[0]} x {blocks[1]} block; use pack=1 or larger blocks")
+    try:
+        key = (q.shape, k.shape, window, None if valid_hw is None else tuple(valid_hw), pad_mode,
+               None if blocks is None else tuple(blocks), pack)
+        geometry = _GEOMETRY.get(key)
+    except TypeError:  # unhashable arguments: validated (and refused) below
+        key = geometry = None
+    if geometry is None:
+        geometry = _geometry(q, k, window, valid_hw, pad_mode, blocks, pack)
+        if key is not None:
+            if len(_GEOMETRY) >= 256:
+                _GEOMETRY.clear()
+            _GEOMETRY[key] = geometry
+    n_wh, n_ww, q_win, k_win, pool, (pad_mask, qvh, qvw, kvh, kvw), blocks, pack = geometry
     rope = getattr(pos, "rope", None)
     rel_pos = getattr(pos, "rel_pos", None)
     lookhere = getattr(pos, "lookhere", None)
@@ -225,5 +284,4 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
         fov, slopes, cls = _lookhere_inputs(lookhere, q_win, k_win, heads, blocks, q.device)
 
     plan = Plan(n_wh, n_ww, *q_win, *k_win, pool, qvh, qvw, kvh, kvw, pad_mask, rot_dims, int(half), *blocks, pack)
-    return WindowAttentionFunction.apply(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls,
-                                         plan.as_list(), scale)
+    return attention(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls, plan.as_list(), scale)

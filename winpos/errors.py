@@ -73,6 +73,9 @@ def as_hw(value, name: str = "size") -> tuple[int, int]:
 
     Strings are refused: ``"64"`` would otherwise be read character by character as the pair ``(6, 4)``.
     """
+    if type(value) is tuple and len(value) == 2 and type(value[0]) is int and type(value[1]) is int \
+            and value[0] > 0 and value[1] > 0:
+        return value  # already normalized (the per-call hot path: every attention asks its position modules)
     if isinstance(value, (str, bytes)):
         raise WinposError(f"{name}={value!r} is a string; pass a number, e.g. {name}=224, or a pair (224, 320)")
     if isinstance(value, (int, float)) or hasattr(value, "__index__"):

@@ -12,7 +12,9 @@ Two tables: "dispatch" (the launch a no-op: winpos's own host path) and "dispatc
 forward (no grad) and forward + backward (``torch.autograd.grad``: the engine, no gradient accumulation) per
 position term, on a small shape (batch 1, 16x16 grid, 8x8 windows, 2 heads of 64) in fp32, so that the CPU's own arithmetic in those tensor ops stays negligible (the path
 is the same for every dtype). 10th percentile and median of 300 calls after a warm-up (the 10th percentile is
-the steadier number on a busy machine). Prints JSON with ``--json``.
+the steadier number on a busy machine). A last row, "autograd floor", times the same ``torch.autograd.grad`` call
+through an autograd.Function that only allocates its output and gradients: PyTorch's share of every fwd+bwd row.
+Prints JSON with ``--json``.
 """
 from __future__ import annotations
 
@@ -42,13 +44,14 @@ def _stub_launch(bind: bool = True):
         if bind:
             bound, specialization, options = binders[kernel](**kwargs, debug=False, instrumentation_mode="")
             compute_cache_key(key_caches[kernel], specialization, options)
-        for name in _OUTPUTS:  # as if the kernel had written them (uninitialized memory makes later CPU ops slow)
-            if name in kwargs:
+        for name in _OUTPUTS[kernel.__name__]:  # as if the kernel had written them (uninitialized memory makes
+            if kwargs[name] is not kwargs["LSE"] or name == "LSE":  # later CPU ops slow); inputs are left alone
                 kwargs[name].zero_()
     return launch
 
 
-_OUTPUTS = ("O", "LSE", "DELTA", "DQ", "DK", "DV", "DREL")
+# What each kernel writes (DREL points at LSE, an input there, when there is no relpos).
+_OUTPUTS = {"attn_fwd": ("O", "LSE"), "attn_bwd_dq": ("DELTA", "DQ", "DREL"), "attn_bwd_dkdv": ("DK", "DV")}
 
 
 def measure(reps: int = 300, bind: bool = True) -> dict:
@@ -85,7 +88,36 @@ def measure(reps: int = 300, bind: bool = True) -> dict:
             times.sort()
             rows[f"{term} {name}"] = dict(p10=round(times[len(times) // 10] * 1e6, 1),
                                           median=round(times[len(times) // 2] * 1e6, 1))
+    rows["autograd floor fwd+bwd"] = _autograd_floor(reps, q, k, v, do)
     return rows
+
+
+def _autograd_floor(reps, q, k, v, do) -> dict:
+    """The same ``torch.autograd.grad`` call through an autograd.Function that allocates its output and three
+    gradients and does nothing else: the part of every fwd+bwd row that is PyTorch's own."""
+    import torch
+
+    class Nothing(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty(q.shape, dtype=q.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            q, k, v = ctx.saved_tensors
+            return torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)
+
+    fn = lambda: torch.autograd.grad(Nothing.apply(q, k, v), (q, k, v), do)  # noqa: E731
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return dict(p10=round(times[len(times) // 10] * 1e6, 1), median=round(times[len(times) // 2] * 1e6, 1))
 
 
 def main(argv) -> int:
