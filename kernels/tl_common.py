@@ -58,11 +58,9 @@ def tile_mask(valid, offs_d, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.constexpr):
-    """Per-element RoPE coefficients ``C, S`` ([rows, BLOCK_D] fp32) and the pair partner of each column.
-
-    ``tab_rows`` is each row's element offset into the ``(.., N, ROT/2)`` fp32 cos/sin tables.
-    """
+def rope_columns(offs_d, ROT: tl.constexpr, HALF: tl.constexpr):
+    """Per column of a [rows, BLOCK_D] tile: whether it is the first dim of its pair, its pair partner, its
+    column in the ``(.., N, ROT/2)`` tables (0 beyond ``ROT``) and whether it is rotated at all (< ``ROT``)."""
     HR: tl.constexpr = ROT // 2
     if HALF:
         first = offs_d < HR
@@ -75,6 +73,17 @@ def rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.c
     rotated = offs_d < ROT
     partner = tl.where(rotated, partner, offs_d)
     col = tl.where(rotated, col, 0)
+    return first, partner, col, rotated
+
+
+@triton.jit
+def rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.constexpr):
+    """Per-element RoPE coefficients ``C, S`` ([rows, BLOCK_D] fp32) and the pair partner of each column, each
+    table read at every column of the tile (each of its entries twice).
+
+    ``tab_rows`` is each row's element offset into the ``(.., N, ROT/2)`` fp32 cos/sin tables.
+    """
+    first, partner, col, rotated = rope_columns(offs_d, ROT, HALF)
     m = valid[:, None] & rotated[None, :]
     c = tl.load(COS + tab_rows[:, None] + col[None, :], mask=m, other=1.0)
     s = tl.load(SIN + tab_rows[:, None] + col[None, :], mask=m, other=0.0)
@@ -83,16 +92,41 @@ def rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.c
 
 
 @triton.jit
+def rope_coeffs_gathered(COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.constexpr):
+    """``rope_coeffs`` (the same values, bit for bit) from one half-width ``[rows, ROT/2]`` load of each table,
+    spread to the tile's columns by a register gather along the head dim (both dims of a pair share cos and
+    sin). The full-width loads of ``rope_coeffs`` are two [rows, BLOCK_D] fp32 tiles per rotated operand,
+    which the pipeliner stages through shared memory next to the operand itself; sm_90a, fused-RoPE launches of
+    ``tests/kernels/aot_compile.py``: with these the backward kernels stop spilling (Hiera-B+ 24 / 24 B, Hiera-L
+    184 / 72 B -> 0) and ptxas keeps the forward's wgmma loop asynchronous (C7515 gone)."""
+    HR: tl.constexpr = ROT // 2
+    HRP: tl.constexpr = triton.next_power_of_2(max(HR, 1))
+    first, partner, col, rotated = rope_columns(offs_d, ROT, HALF)
+    offs_h = tl.arange(0, HRP)
+    hm = valid[:, None] & (offs_h[None, :] < HR)
+    ch = tl.load(COS + tab_rows[:, None] + offs_h[None, :], mask=hm, other=1.0)
+    sh = tl.load(SIN + tab_rows[:, None] + offs_h[None, :], mask=hm, other=0.0)
+    idx = tl.broadcast_to(col[None, :], (tab_rows.shape[0], offs_d.shape[0]))
+    c = tl.where(rotated[None, :], tl.gather(ch, idx, axis=1), 1.0)
+    s = tl.gather(sh, idx, axis=1)
+    s = tl.where(rotated[None, :], tl.where(first[None, :], -s, s), 0.0)
+    return c, s, partner
+
+
+@triton.jit
 def load_tile(PTR, rows, valid, offs_d, HEAD_DIM: tl.constexpr, COS, SIN, tab_rows,
               ROT: tl.constexpr, HALF: tl.constexpr, HAS_ROPE: tl.constexpr):
     """Load a [rows, BLOCK_D] tile (zeros outside), rotated by RoPE when ``HAS_ROPE``.
 
-    The rotation runs in fp32 and rounds once to the input dtype, like ``winpos.posemb.rope.apply_rope``.
+    The rotation runs in fp32 and rounds once to the input dtype, like ``winpos.posemb.rope.apply_rope``. The
+    partner columns are a second load of the tile (a register gather instead holds fewer loads in flight but
+    more registers in the forward: sm_90a, 4 warps, ViTDet-B / Hiera-B+ 168 / 235 registers with the load,
+    224 / 252 with the gather).
     """
     m = tile_mask(valid, offs_d, HEAD_DIM)
     x = tl.load(PTR + rows[:, None] + offs_d[None, :], mask=m, other=0.0)
     if HAS_ROPE:
-        c, s, partner = rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT, HALF)
+        c, s, partner = rope_coeffs_gathered(COS, SIN, tab_rows, valid, offs_d, ROT, HALF)
         xp = tl.load(PTR + rows[:, None] + partner[None, :], mask=m, other=0.0)
         x = (x.to(tl.float32) * c + xp.to(tl.float32) * s).to(x.dtype)
     return x
@@ -103,7 +137,9 @@ def unrotate(g, COS, SIN, tab_rows, valid, offs_d, ROT: tl.constexpr, HALF: tl.c
     """Pull an fp32 gradient tile back through the RoPE rotation (rotation by -theta).
 
     The partner column of each row of the register tile is a gather along the head dim (exact, no arithmetic;
-    an fp32 dot with a one-hot permutation would cost a BLOCK_D-cubed FMA product per program).
+    an fp32 dot with a one-hot permutation would cost a BLOCK_D-cubed FMA product per program). The coefficients
+    are full-width loads here: runs once per program, after the loop, and the half-width gather of
+    ``rope_coeffs_gathered`` measured more registers (Hiera-L dK/dV 255 registers and 24 B of spills).
     """
     c, s, partner = rope_coeffs(COS, SIN, tab_rows, valid, offs_d, ROT, HALF)
     gs = g * s

@@ -35,19 +35,10 @@ KNOWN = {
     "vector_access": [],
     "cp_async": [],
     "no_spills": [
-        (r"Hiera-B\+ s1 w8 D56 rope attn_bwd_(dq|dkdv)$", "fused-RoPE backward: rotated q and k tiles, their fp32 "
-         "cos/sin tiles and the gradient accumulators exceed 255 registers by a few words (24 B; 3 stages clear the "
-         "dK/dV only, and ViTDet-B's rope backward, the same launch key, then spills)"),
-        (r"Hiera-L s1 w8 D72 rope attn_bwd_(dq|dkdv)$", "fused-RoPE backward at BLOCK_D 128 (head_dim 72 padded "
-         "to 128): rotated tiles and fp32 tables of twice the width (184 / 72 B at 8 warps, the same at 3 "
-         "stages)"),
         (r"Hiera-B\+ s4 w7 pad D56 lookhere attn_bwd_dkdv", "LookHere geometry, pad mask and the dK/dV accumulators "
          "at 255 registers (24 B; more with 3-4 stages or 4 warps)"),
     ],
-    "no_serialized_wgmma": [
-        (r"(ViTDet-B|Hiera-B\+) .* rope attn_fwd", "ptxas serializes the wgmma loop of the fused-RoPE forward "
-         "(C7515; also at 8 warps or 3 stages)"),
-    ],
+    "no_serialized_wgmma": [],
 }
 
 
