@@ -14,7 +14,7 @@ position term, on a small shape (batch 1, 16x16 grid, 8x8 windows, 2 heads of 64
 is the same for every dtype). 10th percentile and median of 300 calls after a warm-up (the 10th percentile is
 the steadier number on a busy machine). A last row, "autograd floor", times the same ``torch.autograd.grad`` call
 through an autograd.Function that only allocates its output and gradients: PyTorch's share of every fwd+bwd row.
-Prints JSON with ``--json``.
+Prints JSON with ``--json``; ``--reps N`` calls per row (default 300).
 """
 from __future__ import annotations
 
@@ -78,18 +78,22 @@ def measure(reps: int = 300, bind: bool = True) -> dict:
             torch.autograd.grad(window_attention(q, k, v, window=8, pos=pos), (q, k, v), do)  # no accumulation
 
         for name, fn in (("fwd", fwd), ("fwd+bwd", fwd_bwd)):
-            for _ in range(20):
-                fn()
-            times = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                fn()
-                times.append(time.perf_counter() - t0)
-            times.sort()
-            rows[f"{term} {name}"] = dict(p10=round(times[len(times) // 10] * 1e6, 1),
-                                          median=round(times[len(times) // 2] * 1e6, 1))
+            rows[f"{term} {name}"] = _time_us(fn, reps)
     rows["autograd floor fwd+bwd"] = _autograd_floor(reps, q, k, v, do)
     return rows
+
+
+def _time_us(fn, reps: int) -> dict:
+    """10th percentile and median of ``reps`` calls after 20 warm-up calls, in microseconds."""
+    for _ in range(20):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return dict(p10=round(times[len(times) // 10] * 1e6, 1), median=round(times[len(times) // 2] * 1e6, 1))
 
 
 def _autograd_floor(reps, q, k, v, do) -> dict:
@@ -108,22 +112,14 @@ def _autograd_floor(reps, q, k, v, do) -> dict:
             q, k, v = ctx.saved_tensors
             return torch.empty(q.shape), torch.empty(k.shape), torch.empty(v.shape)
 
-    fn = lambda: torch.autograd.grad(Nothing.apply(q, k, v), (q, k, v), do)  # noqa: E731
-    for _ in range(20):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    times.sort()
-    return dict(p10=round(times[len(times) // 10] * 1e6, 1), median=round(times[len(times) // 2] * 1e6, 1))
+    return _time_us(lambda: torch.autograd.grad(Nothing.apply(q, k, v), (q, k, v), do), reps)
 
 
 def main(argv) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     sys.path.insert(0, str(ROOT))
-    rows = {"dispatch": measure(bind=False), "dispatch + triton binding": measure(bind=True)}
+    reps = int(argv[argv.index("--reps") + 1]) if "--reps" in argv else 300
+    rows = {"dispatch": measure(reps, bind=False), "dispatch + triton binding": measure(reps, bind=True)}
     if "--json" in argv:
         print(json.dumps(rows))
     else:

@@ -291,3 +291,25 @@ def test_tiles_follow_the_window_and_the_tuned_table_overrides_the_heuristic():
     finally:
         A.set_tuned({})
     assert A.TUNED == {}
+
+
+def test_host_overhead_script_measures_every_row():
+    """``tests/kernels/host_overhead.py`` (the host-microseconds table of docs/kernels.md) runs in compiled mode in
+    a fresh process and reports every row with positive times (a few calls each: a smoke test, not a timing)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent / "host_overhead.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(script), "--json", "--reps", "3"], cwd=script.parents[2], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = {f"{t} {m}" for t in ("none", "rope", "relpos", "lookhere") for m in ("fwd", "fwd+bwd")}
+    assert set(rows) == {"dispatch", "dispatch + triton binding"}
+    for table in rows.values():
+        assert set(table) == want | {"autograd floor fwd+bwd"}
+        assert all(0 < r["p10"] <= r["median"] for r in table.values())
