@@ -11,7 +11,8 @@ window_attention`` raises ImportError), so ``winpos.attention`` falls back to it
 """
 import importlib.util
 
-from .attention_fwd_bwd import Plan, WindowAttentionFunction, attention_flops, default_blocks
+from .attention_fwd_bwd import Plan, WindowAttentionFunction, attention_flops
+from .launch_config import default_blocks
 from .rope import RopeGridFunction, rope_grid, rotate_on_grid
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None

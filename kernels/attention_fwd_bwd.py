@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from . import _jit
+from .launch_config import STATIC, launch_options, pow2, remember
 
 LOG2E = 1.4426950408889634
 
@@ -67,68 +68,6 @@ class Plan(NamedTuple):
     def n_programs(self) -> int:
         """Programs per image along grid axis 0: one per window, or one per ``pack`` windows."""
         return -(-self.n_wh * self.n_ww // self.pack)
-
-
-def _pow2(n: int, floor: int = 16) -> int:
-    return max(floor, 1 << (int(n) - 1).bit_length())
-
-
-def default_blocks(head_dim: int, q_tokens: Optional[int] = None, k_tokens: Optional[int] = None) -> tuple[int, int]:
-    """(block_m, block_n): 64 x 64 up to head_dim 64, 64 x 32 above (register pressure of 128-wide tiles), each
-    shrunk to the attention group when it is smaller (``q_tokens`` / ``k_tokens``: tokens of one query / key
-    window), so a 4x4 window runs 16 x 16 tiles instead of filling 6% of a 64 x 64 one; never below 16 (tl.dot).
-    Not autotuned: LookHere tile classes are cached per block shape; a GPU sweep fills ``TUNED`` instead."""
-    bm, bn = (64, 64) if head_dim <= 64 else (64, 32)
-    if q_tokens is not None:
-        bm = min(bm, _pow2(q_tokens))
-    if k_tokens is not None:
-        bn = min(bn, _pow2(k_tokens))
-    return bm, bn
-
-
-def default_pack(head_dim: int, blocks: tuple[int, int], q_tokens: int, k_tokens: int, windows: int) -> int:
-    """Windows per program: as many as fill the default tile (64 x 64, 64 x 32 above head_dim 64) when a query and a
-    key window each fit one block (a 4x4 window's 16 x 16 tiles become one 64 x 64 tile of four windows: 4-warp
-    programs that Hopper runs on wgmma instead of 2-warp 16-row mma.sync ones, four times fewer of them, three
-    quarters of each product masked off), never more than the image has windows; 1 otherwise."""
-    bm, bn = blocks
-    if q_tokens > bm or k_tokens > bn or windows < 2:
-        return 1
-    cap_m, cap_n = default_blocks(head_dim)
-    pack = 1
-    while 2 * pack * bm <= cap_m and 2 * pack * bn <= cap_n and 2 * pack <= windows:
-        pack *= 2
-    return pack
-
-
-# Tuned launch options from a GPU sweep (``winpos.bench.kernels --sweep``): (kernel, BLOCK_M, BLOCK_N, BLOCK_D,
-# terms) -> {"num_warps": w, "num_stages": s}, kernel one of "fwd", "bwd"; BLOCK_M x BLOCK_N the kernel's tile (with
-# packing, of all its windows); terms a sorted tuple of the position terms present ("lookhere", "rel", "rel_rows"
-# for the row-aligned relpos path, "rope") and "pack" when the tile holds several windows. Entries override the heuristic of ``_launch_options``. Empty until
-# a sweep has run on the target GPU; ``set_tuned`` replaces it.
-TUNED: dict = {}
-
-
-def launch_key(args: dict, backward: bool) -> tuple:
-    """The ``TUNED`` key of a launch's arguments."""
-    present = dict(args, PACK=args.get("PACK", 1) > 1)
-    terms = tuple(t for t, flag in (("lookhere", "HAS_LH"), ("pack", "PACK"), ("rel", "HAS_REL"),
-                                    ("rel_rows", "REL_ROWS"), ("rope", "HAS_ROPE")) if present.get(flag))
-    return ("bwd" if backward else "fwd", args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_D"], terms)
-
-
-def set_tuned(table: dict) -> None:
-    """Replace the tuned launch options (the sweep hook) and forget every cached launch that used the old ones."""
-    for key, opts in table.items():
-        if not (isinstance(key, tuple) and len(key) == 5 and key[0] in ("fwd", "bwd")):
-            raise ValueError(f"tuned key {key!r} must be (kernel 'fwd'|'bwd', BLOCK_M, BLOCK_N, BLOCK_D, terms)")
-        if set(opts) != {"num_warps", "num_stages"} or opts["num_warps"] not in (1, 2, 4, 8, 16) \
-                or not 1 <= opts["num_stages"] <= 6:
-            raise ValueError(f"tuned options {opts!r} for {key} must be num_warps in 1..16 (a power of two) and "
-                             "num_stages in 1..6")
-    TUNED.clear()
-    TUNED.update(table)
-    _STATIC.clear()
 
 
 def _table_strides(t: Optional[Tensor]) -> tuple[int, int]:
@@ -193,7 +132,7 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
     if plan.pack > 1:
         check_pack(plan, q, k, v)
     # Without relpos the extents are irrelevant: one value keeps one compiled variant for every window size.
-    kh_p, kw_p = (_pow2(plan.kwh), _pow2(plan.kww)) if rel is not None else (16, 16)
+    kh_p, kw_p = (pow2(plan.kwh), pow2(plan.kww)) if rel is not None else (16, 16)
     if rel is not None and (not rel.is_contiguous() or rel.shape[-1] != kh_p + kw_p):
         raise ValueError(f"the packed relpos terms must be contiguous with {kh_p + kw_p} columns ([rel_h | rel_w] "
                          f"zero-padded to {kh_p} + {kw_p}), got {tuple(rel.shape)} with strides {rel.stride()}")
@@ -217,7 +156,7 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
         n_win=plan.n_wh * plan.n_ww, n_ww=plan.n_ww, QWH=plan.qwh, QWW=plan.qww, KWH=plan.kwh, KWW=plan.kww,
         POOL=plan.pool, QVH=plan.qvh, QVW=plan.qvw, KVH=plan.kvh, KVW=plan.kvw,
         qk_scale=float(scale) * LOG2E,
-        HEAD_DIM=head_dim, BLOCK_D=_pow2(head_dim), BLOCK_M=plan.block_m * plan.pack,
+        HEAD_DIM=head_dim, BLOCK_D=pow2(head_dim), BLOCK_M=plan.block_m * plan.pack,
         BLOCK_N=plan.block_n * plan.pack, PACK=plan.pack,
         ROT=plan.rot_dims, HALF=bool(plan.half), HAS_ROPE=cos_q is not None, HAS_REL=rel is not None,
         KH_P=kh_p, KW_P=kw_p, HAS_LH=fov is not None, PAD_MASK=bool(plan.pad_mask),
@@ -229,37 +168,6 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
         REL_ROWS=rel is not None and plan.kww == plan.block_n and plan.pack == 1,
     )
     return args
-
-
-def _launch_options(args: dict, backward: bool) -> dict:
-    """num_warps/num_stages: a ``TUNED`` entry when a GPU sweep has filled one, else the heuristic chosen from
-    ptxas register reports for sm_90 (``tests/kernels/aot_compile.py``): 4 warps keep the plain kernels spill-free;
-    the backward passes with position terms or 128-wide head tiles hold more live tiles (rotation tables, relpos
-    terms and their gradients) and spill less with 8; tiles of fewer than 64 rows (small windows) need no more
-    than 2 warps (one 16-row mma tile each), and 4 would idle half of them. The forward counts query rows; the
-    two backward kernels share their options and count the larger tile side (the dK/dV of a 16 x 64 pooled
-    transition owns 64 key rows and spills at 2 warps)."""
-    tuned = TUNED.get(launch_key(args, backward))
-    if tuned is not None:
-        return dict(tuned)
-    # Row-aligned relpos (REL_ROWS) holds no one-hot operands: at 8 warps ptxas serializes its backward wgmma
-    # loops (C7515), at 4 it keeps them asynchronous without spills (sm_90a, ViTDet-B / Hiera-B+ global).
-    heavy = args["HAS_ROPE"] or (args["HAS_REL"] and not args.get("REL_ROWS")) or args["HAS_LH"] \
-        or args["BLOCK_D"] > 64
-    rows = max(args["BLOCK_M"], args["BLOCK_N"]) if backward else args["BLOCK_M"]  # both backward kernels share them
-    if rows < 64:
-        return dict(num_warps=2, num_stages=2)
-    # The fused-RoPE forward at 128-wide head tiles (head_dim 72..128) holds rotated q and k and their fp32
-    # tables at twice the width: 4 warps spill (Hiera-L, 24 B at 255 registers), 8 do not (186 registers).
-    wide_rope_fwd = not backward and args["HAS_ROPE"] and args["BLOCK_D"] > 64
-    return dict(num_warps=8 if (backward and heavy) or wide_rope_fwd else 4, num_stages=2)
-
-
-# Launch signature -> the launches' non-tensor keyword arguments and grids. Everything they depend on is in the
-# key (geometry, scale, dtype, shapes and strides of every tensor, which terms are present), so a hit skips the
-# validation and argument building of _kernel_args, the costliest host step after Triton's own binding.
-_STATIC: dict = {}
-_STATIC_MAX = 512
 
 
 def _layout(t: Optional[Tensor]):
@@ -279,15 +187,8 @@ def _static(args: dict) -> dict:
     return {name: value for name, value in args.items() if not isinstance(value, Tensor)}
 
 
-def _remember(key, value):
-    if len(_STATIC) >= _STATIC_MAX:
-        _STATIC.clear()
-    _STATIC[key] = value
-    return value
-
-
 def _signature(q, k, v, cos_q, cos_k, rel, fov, tile_cls, geom, scale) -> tuple:
-    """Everything the launches' non-tensor arguments depend on (the ``_STATIC`` key of a forward; a backward adds
+    """Everything the launches' non-tensor arguments depend on (the ``launch_config.STATIC`` key of a forward; a backward adds
     its gradient's layout)."""
     return (*geom, scale, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), _layout(cos_q),
             _layout(cos_k), _layout(rel), fov is None, _layout(tile_cls))
@@ -306,13 +207,13 @@ def _launch_fwd_signed(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, ti
     lse = torch.empty((B, Hq, Wq, heads), dtype=torch.float32, device=q.device)
     sig = _signature(q, k, v, cos_q, cos_k, rel, fov, tile_cls, geom, scale)
     key = ("fwd", sig)
-    hit = _STATIC.get(key)
+    hit = STATIC.get(key)
     if hit is None:
         plan = Plan._make(geom)
         unit = stride_unit(q, k, v, out)
         args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
-        static = dict(_static(args), **_grid_strides("so", out, unit), **_launch_options(args, backward=False))
-        hit = _remember(key, ((B * plan.n_programs, plan.n_qt, heads), static))
+        static = dict(_static(args), **_grid_strides("so", out, unit), **launch_options(args, backward=False))
+        hit = remember(key, ((B * plan.n_programs, plan.n_qt, heads), static))
     grid, static = hit
     _jit.launch(kern.attn_fwd, grid, O=out, **_tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
                                                            tile_cls), **static)
@@ -336,20 +237,20 @@ def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slo
     if sig is None:
         sig = _signature(q, k, v, cos_q, cos_k, rel, fov, tile_cls, geom, scale)
     key = ("bwd", sig, do.shape, do.stride(), out.stride(), lse.stride())
-    hit = _STATIC.get(key)
+    hit = STATIC.get(key)
     if hit is None:
         plan = Plan._make(geom)
         check_window_offsets("grad_output", do, (plan.qwh, plan.qww))
         unit = stride_unit(q, k, v, out, do, dq, dk)  # dv has dk's strides
         args = _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan, scale, unit)
         common = dict(_static(args), **_grid_strides("sdo", do, unit), scale=float(scale),
-                      **_launch_options(args, True))
+                      **launch_options(args, True))
         groups = q.shape[0] * plan.n_programs
         static_dq = dict(common, **_grid_strides("so", out, unit), **_grid_strides("sdq", dq, unit),
                          REL_PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
         static_kv = dict(common, **_grid_strides("sdk", dk, unit))
         heads = q.shape[3]
-        hit = _remember(key, ((groups, plan.n_qt, heads), static_dq, (groups, plan.n_kt, heads), static_kv))
+        hit = remember(key, ((groups, plan.n_qt, heads), static_dq, (groups, plan.n_kt, heads), static_kv))
     grid_dq, static_dq, grid_kv, static_kv = hit
     tensors = _tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls)
     _jit.launch(kern.attn_bwd_dq, grid_dq, O=out, DO=do, DELTA=delta, DQ=dq, DREL=lse if rel is None else drel,
@@ -447,5 +348,5 @@ def attention_flops(plan: Plan, batch: int, heads: int, head_dim: int, backward:
     return groups * per * (7 if backward else 2)
 
 
-__all__ = ["Plan", "TUNED", "WindowAttentionFunction", "attention", "attention_flops", "default_blocks", "launch_key", "set_tuned", "window_attention_bwd",
+__all__ = ["Plan", "WindowAttentionFunction", "attention", "attention_flops", "window_attention_bwd",
            "window_attention_fwd"]

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from .attention_fwd_bwd import Plan, _pow2, attention, default_blocks, default_pack
+from .attention_fwd_bwd import Plan, attention
+from .launch_config import default_blocks, default_pack, pow2
 from .rope import rotate_on_grid
 from winpos.windows import PAD_MODES, attention_groups
 
@@ -147,7 +148,7 @@ def _rel_inputs(rel_pos, q, q_win, k_win):
     qv = q.reshape(B, Hq // q_win[0], q_win[0], Wq // q_win[1], q_win[1], heads, D)
     rel_h = torch.einsum("bYyXxnc,yac->bYyXxna", qv, Rh)
     rel_w = torch.einsum("bYyXxnc,xac->bYyXxna", qv, Rw)
-    kh_p, kw_p = _pow2(k_win[0]), _pow2(k_win[1])
+    kh_p, kw_p = pow2(k_win[0]), pow2(k_win[1])
     zeros = rel_h.new_zeros(()).expand
     parts = [rel_h, zeros(*rel_h.shape[:-1], kh_p - k_win[0]), rel_w, zeros(*rel_w.shape[:-1], kw_p - k_win[1])]
     return torch.cat(parts, dim=-1).reshape(B, Hq, Wq, heads, kh_p + kw_p)

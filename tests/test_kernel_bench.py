@@ -90,7 +90,7 @@ def test_sweep_times_every_configuration_and_restores_the_defaults(monkeypatch):
     import time
 
     from winpos.bench import kernel_sweep
-    from winpos.kernels import attention_fwd_bwd as A
+    from winpos.kernels import launch_config as A
 
     monkeypatch.setattr(kernel_sweep, "SWEEP_BLOCKS", ((16, 16), (32, 32), (64, 64)))
     monkeypatch.setattr(kernel_sweep, "SWEEP_WARPS", (2, 4))

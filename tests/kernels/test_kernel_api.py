@@ -262,28 +262,34 @@ def test_tiles_follow_the_window_and_the_tuned_table_overrides_the_heuristic():
     """Default tiles are no larger than a window (16 x 16 for 4x4 windows, 16 x 64 for a pooled 8 -> 4 transition);
     small tiles take 2 warps; a TUNED entry (the GPU sweep's hook) replaces the heuristic and forgets cached
     launches; a malformed entry is refused."""
-    from winpos.kernels import attention_fwd_bwd as A
+    from winpos.kernels import launch_config as A
 
     assert A.default_blocks(64) == (64, 64) and A.default_blocks(80) == (64, 32)
     assert A.default_blocks(56, 16, 16) == (16, 16) and A.default_blocks(56, 16, 64) == (16, 64)
     assert A.default_blocks(64, 49, 49) == (64, 64) and A.default_blocks(128, 196, 196) == (64, 32)
+    # windows per program: fill the default tile when a window fits one block, up to the image's window count
+    assert A.default_pack(56, (16, 16), 16, 16, 1024) == 4 and A.default_pack(80, (16, 16), 16, 16, 1024) == 2
+    assert A.default_pack(56, (16, 16), 4, 16, 1024) == 4  # pooled 2x2 queries on 4x4 keys
+    assert A.default_pack(56, (16, 64), 16, 64, 1024) == 1 and A.default_pack(56, (64, 64), 49, 49, 1024) == 1
+    assert A.default_pack(56, (16, 16), 16, 16, 3) == 2 and A.default_pack(56, (16, 16), 16, 16, 1) == 1
+    assert A.default_pack(56, (16, 16), 16, 32, 1024) == 1  # the key window does not fit its block
     args = dict(HAS_ROPE=False, HAS_REL=True, HAS_LH=False, BLOCK_M=16, BLOCK_N=16, BLOCK_D=64, REL_ROWS=False)
-    assert A._launch_options(args, backward=False) == {"num_warps": 2, "num_stages": 2}
+    assert A.launch_options(args, backward=False) == {"num_warps": 2, "num_stages": 2}
     big = dict(args, BLOCK_M=64, BLOCK_N=64)
-    assert A._launch_options(big, backward=True) == {"num_warps": 8, "num_stages": 2}
+    assert A.launch_options(big, backward=True) == {"num_warps": 8, "num_stages": 2}
     assert A.launch_key(big, True) == ("bwd", 64, 64, 64, ("rel",))
     rows = dict(big, REL_ROWS=True)  # row-aligned relpos: no one-hot operands, 4 warps (8 serialize on sm_90a)
-    assert A._launch_options(rows, backward=True) == {"num_warps": 4, "num_stages": 2}
+    assert A.launch_options(rows, backward=True) == {"num_warps": 4, "num_stages": 2}
     assert A.launch_key(rows, True) == ("bwd", 64, 64, 64, ("rel", "rel_rows"))
     wide_rope = dict(args, HAS_REL=False, HAS_ROPE=True, BLOCK_M=64, BLOCK_N=32, BLOCK_D=128)  # spills at 4 warps
-    assert A._launch_options(wide_rope, backward=False) == {"num_warps": 8, "num_stages": 2}
-    assert A._launch_options(dict(wide_rope, BLOCK_D=64), backward=False) == {"num_warps": 4, "num_stages": 2}
-    A._STATIC["sentinel"] = 1
+    assert A.launch_options(wide_rope, backward=False) == {"num_warps": 8, "num_stages": 2}
+    assert A.launch_options(dict(wide_rope, BLOCK_D=64), backward=False) == {"num_warps": 4, "num_stages": 2}
+    A.STATIC["sentinel"] = 1
     try:
         A.set_tuned({("bwd", 64, 64, 64, ("rel",)): {"num_warps": 4, "num_stages": 3}})
-        assert "sentinel" not in A._STATIC
-        assert A._launch_options(big, backward=True) == {"num_warps": 4, "num_stages": 3}
-        assert A._launch_options(big, backward=False) == {"num_warps": 4, "num_stages": 2}  # no entry: heuristic
+        assert "sentinel" not in A.STATIC
+        assert A.launch_options(big, backward=True) == {"num_warps": 4, "num_stages": 3}
+        assert A.launch_options(big, backward=False) == {"num_warps": 4, "num_stages": 2}  # no entry: heuristic
         with pytest.raises(ValueError, match="num_warps"):
             A.set_tuned({("fwd", 64, 64, 64, ()): {"num_warps": 3, "num_stages": 2}})
         with pytest.raises(ValueError, match="tuned key"):

@@ -15,7 +15,7 @@ Steps, each timed and recorded (``OUT_DIR/gpu_check.json``; everything printed a
    ViTDet-B/L and HieraDet-B+ shapes at 1024^2; bf16; L2 flushed before every timed call, eager and CUDA-graph
    replay), its JSON kept; any row whose output differs from SDPA's by more than ``KERNEL_TOL`` fails the check.
 5b. ``kernel_sweep``: tile shape x warps x stages of the fused kernels on the HieraDet-B+ shapes (about 90 s),
-   the candidate tuned table (``winpos.kernels.attention_fwd_bwd.set_tuned``) in ``kernel_sweep.json``.
+   the candidate tuned table (``winpos.kernels.launch_config.set_tuned``) in ``kernel_sweep.json``.
 6. ``backbones``: bf16 forward and forward+backward seconds per image of winpos ViTDet-B (recipe paper) and
    HieraDet-B+ (recipe original) and of timm's ``sam2_hiera_base_plus`` (the peer installed there), eager and
    ``torch.compile``-d, batch 1 at 1024^2.

@@ -1,6 +1,6 @@
 """The block-configuration sweep of the fused kernels (``python -m winpos.bench.kernels --sweep``): per shape and
 position term, every tile shape x windows per program x warps x stages through the kernels' tuning hook
-(``winpos.kernels.attention_fwd_bwd.set_tuned``), timed like the benchmark's rows; the fastest options per kernel
+(``winpos.kernels.launch_config.set_tuned``), timed like the benchmark's rows; the fastest options per kernel
 key are the candidate ``TUNED`` table for the GPU that ran it.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: 
     ``SWEEP_STAGES`` (per-window tiles no larger than twice the window's tokens); returns every timing and the
     fastest options per kernel (``"fwd"`` from the forward, ``"bwd"`` from forward+backward minus the forward) as
     ``TUNED`` entries, each with the ``blocks`` and ``pack`` it was timed with."""
-    from winpos.kernels import attention_fwd_bwd as A
+    from winpos.kernels import launch_config as A
 
     cuda = device.type == "cuda"
     qkv = _inputs(shape, dtype, device)
@@ -67,7 +67,7 @@ def sweep_shape(shape: Shape, variant: str, dtype, device, reps: int, deadline: 
 def _trial(shape: Shape, pos, plan, blocks: tuple, pack: int, warps: int, stages: int, qkv, cuda: bool,
            reps: int) -> dict:
     """Time one configuration through ``set_tuned`` (forward, and backward as forward+backward minus forward)."""
-    from winpos.kernels import attention_fwd_bwd as A
+    from winpos.kernels import launch_config as A
     from winpos.kernels import window_attention
 
     bm, bn = blocks

@@ -26,7 +26,7 @@ null with the capture error when a path cannot be captured). Reported per row al
 max abs difference to ``sdpa``. Implementations that cannot run here are listed under ``unavailable`` with why.
 
 ``--sweep`` times the fused kernels instead over a grid of tile shapes and warps per shape and variant (the hook
-``winpos.kernels.attention_fwd_bwd.set_tuned``) and writes the best launch options per kernel as ``tuned``:
+``winpos.kernels.launch_config.set_tuned``) and writes the best launch options per kernel as ``tuned``:
 the table to commit as the kernels' defaults after a GPU run.
 Results are written after every row, so a run cut short still leaves a valid JSON; ``--budget`` seconds bound the
 whole run (rows beyond it are listed as skipped). Refuses to run on a machine without CUDA unless ``--dry-run``.
