@@ -252,7 +252,7 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     D may be any size in 16..128; float16/bfloat16/float32 (no bfloat16 under the CPU interpreter).
     """
     _check_qkv(q, k, v)
-    B, heads, D = q.shape[0], q.shape[3], q.shape[4]
+    heads, D = q.shape[3], q.shape[4]
     scale = D ** -0.5 if scale is None else float(scale)
     try:
         key = (q.shape, k.shape, window, None if valid_hw is None else tuple(valid_hw), pad_mode,

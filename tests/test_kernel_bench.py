@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from winpos.bench import kernel_baselines as baselines
 from winpos.bench import kernels as bench
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,15 +45,15 @@ def test_xpart_baseline_is_the_same_attention():
     for shape in (bench.Shape("t", "w4_pool2", 2, (8, 8), 2, 16, 4, pool=2), bench.Shape("t", "w4", 1, (8, 12), 2, 16, 4)):
         qkv = bench._inputs(shape, torch.float64, torch.device("cpu"))
         for variant in bench.VARIANTS:
-            pos = bench.make_pos(shape, variant, "cpu")
+            pos = baselines.make_pos(shape, variant, "cpu")
             pos = pos if pos.rope is None and pos.rel_pos is None and pos.lookhere is None else type(pos)(
                 rope=pos.rope.double() if pos.rope is not None else None,
                 rel_pos=tuple(t.double() for t in pos.rel_pos) if pos.rel_pos is not None else None,
                 lookhere=pos.lookhere.double() if pos.lookhere is not None else None)
             from torch.nn.attention import SDPBackend
 
-            a = bench.sdpa_xpart(qkv, shape.window, shape.pool, pos, [SDPBackend.MATH])
-            b = bench.sdpa_baseline(*bench.split_qkv(qkv, shape.pool), shape.window, pos, [SDPBackend.MATH])
+            a = baselines.sdpa_xpart(qkv, shape.window, shape.pool, pos, [SDPBackend.MATH])
+            b = baselines.sdpa_baseline(*baselines.split_qkv(qkv, shape.pool), shape.window, pos, [SDPBackend.MATH])
             assert a.shape == b.shape == (shape.batch, shape.grid[0] // shape.pool, shape.grid[1] // shape.pool,
                                           shape.heads, shape.head_dim)
             torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import time
 
-from .kernels import VARIANTS, Shape, _inputs, _plan, _report, _time_fn, _write, make_pos, split_qkv
+from .kernel_baselines import make_pos, split_qkv
+from .kernels import VARIANTS, Shape, _inputs, _plan, _report, _time_fn, _write
 
 __all__ = ["SWEEP_BLOCKS", "SWEEP_STAGES", "SWEEP_WARPS", "run_sweep", "sweep_packs", "sweep_shape"]
 
