@@ -179,10 +179,17 @@ def logits_tile_t(q, k, qk_scale, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
     s = tl.dot(k, tl.trans(q), input_precision=PRECISION) * qk_scale
     keep = k_valid[:, None]
     if HAS_LH:
-        dx = klx.to(tl.float32)[:, None] - qx[None, :]
-        dy = kly.to(tl.float32)[:, None] - qy[None, :]
+        kx = klx.to(tl.float32)
+        ky = kly.to(tl.float32)
+        dx = kx[:, None] - qx[None, :]
+        dy = ky[:, None] - qy[None, :]
         s -= slope2 * tl.sqrt(dx * dx + dy * dy)
-        keep = keep & ((a0 * dx + b0 * dy) >= 0) & ((a1 * dx + b1 * dy) >= 0)
+        # a dx + b dy >= 0 as a x_k + b y_k >= a x_q + b y_q: the same test exactly (a, b in {-1, 0, 1}, small
+        # half-integer coordinates), two per-row projections instead of four products per element. sm_90a: the
+        # padded Hiera-B+ LookHere dK/dV 255 registers + 24 B of spills -> 249 and none; logits_tile keeps the
+        # per-element form (there it would raise the dQ from 126 to 171 registers).
+        keep = keep & ((a0 * kx + b0 * ky)[:, None] >= (a0 * qx + b0 * qy)[None, :]) \
+            & ((a1 * kx + b1 * ky)[:, None] >= (a1 * qx + b1 * qy)[None, :])
     if PAD_MASK:
         keep = keep & (k_gvalid[:, None] | (q_gvalid[None, :] == 0))
     return tl.where(keep, s, float("-inf"))

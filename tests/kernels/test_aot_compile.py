@@ -34,10 +34,7 @@ ROW_IDS = [row_id(shape, term, kernel) for shape, term in REPRESENTATIVE for ker
 KNOWN = {
     "vector_access": [],
     "cp_async": [],
-    "no_spills": [
-        (r"Hiera-B\+ s4 w7 pad D56 lookhere attn_bwd_dkdv", "LookHere geometry, pad mask and the dK/dV accumulators "
-         "at 255 registers (24 B; more with 3-4 stages or 4 warps)"),
-    ],
+    "no_spills": [],
     "no_serialized_wgmma": [],
 }
 
