@@ -208,13 +208,15 @@ def lookhere_tile_lists(cls: torch.Tensor) -> torch.Tensor:
 _GEOMETRY: dict = {}  # (shapes, window, padding, tiles) -> what _geometry derived from them
 
 
-def _geometry(q, k, window, valid_hw, pad_mode, blocks, pack):
+def _geometry(q, k, window, valid_hw, pad_mode, blocks, pack, relpos):
     """Windows, padding, tiles and windows per program of a call, validated (cached per call signature)."""
     q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
     n_wh, n_ww, q_win, k_win, pool = attention_groups(q_hw, k_hw, window)
     padding = _padding(pad_mode, valid_hw, k_hw, pool)
     D = q.shape[4]
-    blocks = tuple(blocks) if blocks is not None else default_blocks(D, q_win[0] * q_win[1], k_win[0] * k_win[1])
+    if blocks is None:
+        blocks = default_blocks(D, q_win[0] * q_win[1], k_win[0] * k_win[1], relpos)
+    blocks = tuple(blocks)
     if len(blocks) != 2 or any(b < 16 or b & (b - 1) for b in blocks):
         raise ValueError(f"blocks={blocks} must be two powers of two >= 16 (tl.dot needs tiles of at least 16)")
     q_tokens, k_tokens = q_win[0] * q_win[1], k_win[0] * k_win[1]
@@ -252,24 +254,24 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     D may be any size in 16..128; float16/bfloat16/float32 (no bfloat16 under the CPU interpreter).
     """
     _check_qkv(q, k, v)
+    rope = getattr(pos, "rope", None)
+    rel_pos = getattr(pos, "rel_pos", None)
+    lookhere = getattr(pos, "lookhere", None)
     heads, D = q.shape[3], q.shape[4]
     scale = D ** -0.5 if scale is None else float(scale)
     try:
         key = (q.shape, k.shape, window, None if valid_hw is None else tuple(valid_hw), pad_mode,
-               None if blocks is None else tuple(blocks), pack)
+               None if blocks is None else tuple(blocks), pack, rel_pos is None)
         geometry = _GEOMETRY.get(key)
     except TypeError:  # unhashable arguments: validated (and refused) below
         key = geometry = None
     if geometry is None:
-        geometry = _geometry(q, k, window, valid_hw, pad_mode, blocks, pack)
+        geometry = _geometry(q, k, window, valid_hw, pad_mode, blocks, pack, rel_pos is not None)
         if key is not None:
             if len(_GEOMETRY) >= 256:
                 _GEOMETRY.clear()
             _GEOMETRY[key] = geometry
     n_wh, n_ww, q_win, k_win, pool, (pad_mask, qvh, qvw, kvh, kvw), blocks, pack = geometry
-    rope = getattr(pos, "rope", None)
-    rel_pos = getattr(pos, "rel_pos", None)
-    lookhere = getattr(pos, "lookhere", None)
 
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     tabs = None

@@ -10,16 +10,21 @@ def pow2(n: int, floor: int = 16) -> int:
     return max(floor, 1 << (int(n) - 1).bit_length())
 
 
-def default_blocks(head_dim: int, q_tokens: Optional[int] = None, k_tokens: Optional[int] = None) -> tuple[int, int]:
+def default_blocks(head_dim: int, q_tokens: Optional[int] = None, k_tokens: Optional[int] = None,
+                   relpos: bool = False) -> tuple[int, int]:
     """(block_m, block_n): 64 x 64 up to head_dim 64, 64 x 32 above (register pressure of 128-wide tiles), each
     shrunk to the attention group when it is smaller (``q_tokens`` / ``k_tokens``: tokens of one query / key
     window), so a 4x4 window runs 16 x 16 tiles instead of filling 6% of a 64 x 64 one; never below 16 (tl.dot).
+    With relpos (one-hot bias dots) the query tile is never narrower than the key tile: the dQ pass of a 16 x 64
+    tile (pooled queries, 4x4 on 8x8 keys) spills 260-680 B at any warp count on sm_90a, a 64 x 64 one nothing.
     Not autotuned: LookHere tile classes are cached per block shape; a GPU sweep fills ``TUNED`` instead."""
     bm, bn = (64, 64) if head_dim <= 64 else (64, 32)
     if q_tokens is not None:
         bm = min(bm, pow2(q_tokens))
     if k_tokens is not None:
         bn = min(bn, pow2(k_tokens))
+    if relpos:
+        bm = max(bm, bn)
     return bm, bn
 
 
@@ -75,7 +80,8 @@ def launch_options(args: dict, backward: bool) -> dict:
     terms and their gradients) and spill less with 8; tiles of fewer than 64 rows (small windows) need no more
     than 2 warps (one 16-row mma tile each), and 4 would idle half of them. The forward counts query rows; the
     two backward kernels share their options and count the larger tile side (the dK/dV of a 16 x 64 pooled
-    transition owns 64 key rows and spills at 2 warps)."""
+    transition owns 64 key rows and spills at 2 warps), and with 16-row query tiles they keep 4 warps even with
+    position terms (at 8 the dK/dV of the 16 x 64 transition with RoPE or LookHere loses its 16-byte cp.async)."""
     tuned = TUNED.get(launch_key(args, backward))
     if tuned is not None:
         return dict(tuned)
@@ -89,7 +95,8 @@ def launch_options(args: dict, backward: bool) -> dict:
     # The fused-RoPE forward at 128-wide head tiles (head_dim 72..128) holds rotated q and k and their fp32
     # tables at twice the width: 4 warps spill (Hiera-L, 24 B at 255 registers), 8 do not (186 registers).
     wide_rope_fwd = not backward and args["HAS_ROPE"] and args["BLOCK_D"] > 64
-    return dict(num_warps=8 if (backward and heavy) or wide_rope_fwd else 4, num_stages=2)
+    heavy_bwd = backward and heavy and args["BLOCK_M"] >= 64
+    return dict(num_warps=8 if heavy_bwd or wide_rope_fwd else 4, num_stages=2)
 
 
 # Launch signature -> the launches' non-tensor keyword arguments and grids. Everything they depend on is in the

@@ -267,6 +267,11 @@ def test_tiles_follow_the_window_and_the_tuned_table_overrides_the_heuristic():
     assert A.default_blocks(64) == (64, 64) and A.default_blocks(80) == (64, 32)
     assert A.default_blocks(56, 16, 16) == (16, 16) and A.default_blocks(56, 16, 64) == (16, 64)
     assert A.default_blocks(64, 49, 49) == (64, 64) and A.default_blocks(128, 196, 196) == (64, 32)
+    # relpos: the query tile is never narrower than the key tile (a 16 x 64 one-hot dQ spills on sm_90a)
+    assert A.default_blocks(56, 16, 64, relpos=True) == (64, 64)
+    assert A.default_blocks(56, 16, 16, relpos=True) == (16, 16)  # then four windows per program
+    assert A.default_blocks(80, 16, 64, relpos=True) == (32, 32)
+    assert A.default_blocks(56, 49, 49, relpos=True) == (64, 64)
     # windows per program: fill the default tile when a window fits one block, up to the image's window count
     assert A.default_pack(56, (16, 16), 16, 16, 1024) == 4 and A.default_pack(80, (16, 16), 16, 16, 1024) == 2
     assert A.default_pack(56, (16, 16), 4, 16, 1024) == 4  # pooled 2x2 queries on 4x4 keys
@@ -281,6 +286,8 @@ def test_tiles_follow_the_window_and_the_tuned_table_overrides_the_heuristic():
     rows = dict(big, REL_ROWS=True)  # row-aligned relpos: no one-hot operands, 4 warps (8 serialize on sm_90a)
     assert A.launch_options(rows, backward=True) == {"num_warps": 4, "num_stages": 2}
     assert A.launch_key(rows, True) == ("bwd", 64, 64, 64, ("rel", "rel_rows"))
+    pooled = dict(big, BLOCK_M=16, HAS_REL=False, HAS_ROPE=True)  # the 16 x 64 pooled transition, RoPE
+    assert A.launch_options(pooled, backward=True) == {"num_warps": 4, "num_stages": 2}
     wide_rope = dict(args, HAS_REL=False, HAS_ROPE=True, BLOCK_M=64, BLOCK_N=32, BLOCK_D=128)  # spills at 4 warps
     assert A.launch_options(wide_rope, backward=False) == {"num_warps": 8, "num_stages": 2}
     assert A.launch_options(dict(wide_rope, BLOCK_D=64), backward=False) == {"num_warps": 4, "num_stages": 2}

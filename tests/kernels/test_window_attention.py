@@ -87,6 +87,8 @@ CASES += [
 LOW_PRECISION_CASES = [
     Case("hiera_w8_d56", (16, 16), 2, 56, window=8, dtype=F16, blocks=None),
     Case("hiera_w8_pooled_d56", (16, 16), 4, 56, window=8, pool=2, dtype=F16, blocks=None),
+    # relpos at the pooled transition: the default query tile widens to the key tile's 64 rows (16 are used)
+    Case("hiera_w8_pooled_relpos_d56", (16, 16), 4, 56, window=8, pool=2, relpos=8, dtype=F16, blocks=None),
     Case("hiera_w4_d56", (8, 8), 4, 56, window=4, dtype=F16, blocks=None),  # default: four windows per program
     Case("hiera_w4_d56_one_window", (8, 8), 4, 56, window=4, dtype=F16, blocks=None, pack=1),
     Case("pack4_w4_rope_pad_d56", (12, 16), 2, 56, window=4, rope=dict(fraction=0.5), valid_hw=(11, 14), dtype=F16,
