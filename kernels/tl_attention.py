@@ -180,6 +180,28 @@ def _query_tile(Q, q_base, sq_h, sq_w, qt, qy0, qx0, QWH, QWW, QVH, QVW, POOL,
 
 
 @triton.jit
+def _key_step(CLS, i, head, qt, n_qt, n_kt, K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, ky0, kx0, KWH, KWW, KVH,
+              KVW, COSK, SINK, k_tab0, ck_t, offs_d, pk, n_win, n_ww, REL, r_base, rel_rows, rh, rw, q, qk_scale,
+              qy, qx, q_valid, q_gvalid, q_slot, a0, b0, a1, b1, slope2,
+              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, ROT: tl.constexpr, HALF: tl.constexpr,
+              HAS_ROPE: tl.constexpr, KV_SAME: tl.constexpr, PAD_MASK: tl.constexpr, PACK: tl.constexpr,
+              HAS_REL: tl.constexpr, HAS_LH: tl.constexpr, KH_P: tl.constexpr, KW_P: tl.constexpr,
+              REL_ROWS: tl.constexpr, PRECISION: tl.constexpr):
+    """Step ``i`` of a query tile's loop over key tiles (forward and dQ pass): the key tile it visits, its rotated
+    k and v, their local (row, col), and the base-2 logits with every position term and mask applied."""
+    kt = _visit_tile(CLS, (head * n_qt + qt) * n_kt, i, HAS_LH)
+    tk, kly, klx, k_valid, k_gvalid, k, v, kry, krx, k_slot = _key_tile(
+        K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK, k_tab0, ck_t,
+        offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK, PACK)
+    bias = 0.0
+    if HAS_REL:
+        bias = tile_bias(REL + r_base, rel_rows, q_valid, rh, rw, kt, kly, klx, KH_P, KW_P, REL_ROWS, PRECISION)
+    s = logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
+                    a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK, PRECISION)
+    return kt, kly, klx, k, v, _same_window(s, q_slot, k_slot, PACK, False)
+
+
+@triton.jit
 def _softmax_stats(LSE, DELTA, l_base, ry, rx, q_valid, sl_h, sl_w):
     rows = token_rows(ry, rx, sl_h, sl_w)
     lse = tl.load(LSE + l_base + rows, mask=q_valid, other=float("inf"))
@@ -229,17 +251,11 @@ def attn_fwd(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     n_lh = tl.num_programs(2) * n_qt * n_kt  # query-major LookHere lists: n_lh entries, then one count per row
     for i in range(0, _visit_count(CLS, n_lh + head * n_qt + qt, n_kt, HAS_LH)):
-        kt = _visit_tile(CLS, (head * n_qt + qt) * n_kt, i, HAS_LH)
-        tk, kly, klx, k_valid, k_gvalid, k, v, kry, krx, k_slot = _key_tile(
-            K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
-            head * ck_n, ck_t, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK,
-            PACK)
-        bias = 0.0
-        if HAS_REL:
-            bias = tile_bias(REL + r_base, rel_rows, q_valid, rh, rw, kt, kly, klx, KH_P, KW_P, REL_ROWS, PRECISION)
-        s = logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                        a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK, PRECISION)
-        s = _same_window(s, q_slot, k_slot, PACK, False)
+        kt, kly, klx, k, v, s = _key_step(
+            CLS, i, head, qt, n_qt, n_kt, K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, ky0, kx0, KWH, KWW, KVH, KVW,
+            COSK, SINK, head * ck_n, ck_t, offs_d, pk, n_win, n_ww, REL, r_base, rel_rows, rh, rw, q, qk_scale,
+            qy, qx, q_valid, q_gvalid, q_slot, a0, b0, a1, b1, slope2, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE,
+            KV_SAME, PAD_MASK, PACK, HAS_REL, HAS_LH, KH_P, KW_P, REL_ROWS, PRECISION)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # A row with every key masked so far keeps m = -inf; shift by 0 instead so exp2 gives 0, not NaN.
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -318,17 +334,11 @@ def attn_bwd_dq(
     drw = tl.zeros([BLOCK_M, KW_P], dtype=tl.float32)
     n_lh = tl.num_programs(2) * n_qt * n_kt  # query-major LookHere lists: n_lh entries, then one count per row
     for i in range(0, _visit_count(CLS, n_lh + head * n_qt + qt, n_kt, HAS_LH)):
-        kt = _visit_tile(CLS, (head * n_qt + qt) * n_kt, i, HAS_LH)
-        tk, kly, klx, k_valid, k_gvalid, k, v, kry, krx, k_slot = _key_tile(
-            K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, kt, ky0, kx0, KWH, KWW, KVH, KVW, COSK, SINK,
-            head * ck_n, ck_t, offs_d, pk, n_win, n_ww, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE, KV_SAME, PAD_MASK,
-            PACK)
-        bias = 0.0
-        if HAS_REL:
-            bias = tile_bias(REL + r_base, rel_rows, q_valid, rh, rw, kt, kly, klx, KH_P, KW_P, REL_ROWS, PRECISION)
-        s = logits_tile(q, k, qk_scale, bias, kly, klx, k_valid, qy, qx, q_gvalid, k_gvalid,
-                        a0, b0, a1, b1, slope2, HAS_REL, HAS_LH, PAD_MASK, PRECISION)
-        s = _same_window(s, q_slot, k_slot, PACK, False)
+        kt, kly, klx, k, v, s = _key_step(
+            CLS, i, head, qt, n_qt, n_kt, K, V, k_base, v_base, sk_h, sk_w, sv_h, sv_w, ky0, kx0, KWH, KWW, KVH, KVW,
+            COSK, SINK, head * ck_n, ck_t, offs_d, pk, n_win, n_ww, REL, r_base, rel_rows, rh, rw, q, qk_scale,
+            qy, qx, q_valid, q_gvalid, q_slot, a0, b0, a1, b1, slope2, HEAD_DIM, BLOCK_N, ROT, HALF, HAS_ROPE,
+            KV_SAME, PAD_MASK, PACK, HAS_REL, HAS_LH, KH_P, KW_P, REL_ROWS, PRECISION)
         p = tl.math.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
         ds = p * (dp - delta[:, None])  # gradient of the natural-unit logits
