@@ -1,6 +1,7 @@
-"""A whole HieraDet through the fused kernels against the same model on the PyTorch reference: every attention of a
+"""Whole backbones through the fused kernels against the same models on the PyTorch reference: every attention of a
 tiny four-stage HieraDet (8x8 windows, pooled stage transitions, 4x4 windows that share programs, a padded grid,
-a global block) with each block term, forward output and the gradients of the input and of every parameter.
+a global block) and of a tiny ViTDet (7x7 windows on a padded grid, a global block), with each block term: forward
+output and the gradients of the input and of every parameter.
 
 The kernel tests check one attention call at a time; this checks how the backbone calls them (qkv views, pooled
 queries, padding, the kernels' own windowing instead of the reference's partition of x), in fp32: each tensor
@@ -12,6 +13,7 @@ import torch
 
 from tests.helpers import randomize_
 from winpos.backbones.hieradet import HieraDet
+from winpos.backbones.vitdet import ViTDet
 
 
 def _tiny(term: str) -> HieraDet:
@@ -29,23 +31,36 @@ def _close(got, want, what):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * want.abs().max().item(), msg=lambda m: f"{what}: {m}")
 
 
+def _tiny_vitdet(term: str) -> ViTDet:
+    # 17x15 patches, 7x7 windows on the grid padded to 21x21 (masked), one global block
+    torch.manual_seed(0)
+    model = ViTDet(img_size=(272, 240), embed_dim=32, depth=3, num_heads=2, window_size=7, global_blocks=(1,),
+                   pos_embed="abswin", pos_global_size=7, window_pos=term, global_pos=term, pad_mode="mask")
+    return randomize_(model).eval()
+
+
+def _features(out) -> list:
+    return list(out.values()) if isinstance(out, dict) else list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+@pytest.mark.parametrize("family", ["hieradet", "vitdet"])
 @pytest.mark.parametrize("term", ["none", "rope", "relpos", "lookhere"])
-def test_hieradet_on_the_kernels_matches_the_reference(term, device, monkeypatch):
-    model = _tiny(term).to(device)
-    x = torch.randn(1, 3, 136, 120, device=device)
+def test_backbone_on_the_kernels_matches_the_reference(family, term, device, monkeypatch):
+    model = (_tiny(term) if family == "hieradet" else _tiny_vitdet(term)).to(device)
+    x = torch.randn(1, 3, *((136, 120) if family == "hieradet" else (272, 240)), device=device)
     runs = {}
     for backend in ("reference", "triton"):
         monkeypatch.setenv("WINPOS_ATTENTION_BACKEND", backend)
         model.zero_grad(set_to_none=True)
         xi = x.clone().requires_grad_()
-        feats = model(xi)
+        feats = _features(model(xi))
         loss = sum((f * torch.linspace(-1, 1, f.numel(), device=device).reshape(f.shape)).sum()
                    for f in feats)
         loss.backward()
         runs[backend] = ([f.detach() for f in feats], xi.grad,
                          {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     (f_ref, gx_ref, gp_ref), (f_tri, gx_tri, gp_tri) = runs["reference"], runs["triton"]
-    assert len(f_ref) == len(f_tri) == 4
+    assert len(f_ref) == len(f_tri) == (4 if family == "hieradet" else 1)
     for i, (a, b) in enumerate(zip(f_tri, f_ref)):
         _close(a, b, f"stage {i + 1} features")
     _close(gx_tri, gx_ref, "grad of the image")
