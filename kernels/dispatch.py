@@ -16,11 +16,14 @@ attributes) and are turned into small kernel inputs here:
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .attention_fwd_bwd import Plan, attention
 from .launch_config import default_blocks, default_pack, pow2
 from .rope import rotate_on_grid
+from winpos.cache import GridCache
 from winpos.windows import PAD_MODES, attention_groups
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -78,22 +81,16 @@ def _padding(pad_mode, valid_hw, k_hw, pool):
     return 1, -(-H // pool), -(-W // pool), H, W
 
 
-_DERIVED: dict = {}  # (ids and versions of source tensors, extra key) -> (the sources, what was derived from them)
+# Kernel inputs prepared from position modules (validated, converted tables), a third of a call's host time when
+# rebuilt on every call; the one grid cache of winpos, keyed by the source tensors' fingerprints. Each entry also
+# holds its sources, so a storage pointer in a fingerprint cannot be reused by another tensor while it lives.
+_PREPARED = GridCache(size=64)
 
 
 def _derived(sources: tuple, extra: tuple, build):
-    """``build()``, cached while the ``sources`` tensors are the same objects, unmodified (their version counters).
-    The entry holds the sources, so their ids cannot be reused by other tensors while it lives. Kernel inputs
-    prepared from position modules (validated, converted tables) cost a third of a call's host time otherwise."""
-    if torch.compiler.is_compiling():  # traced once into the graph: no cache (version counters are not traceable)
-        return build()
-    key = (*(id(t) for t in sources), *(t._version for t in sources), *extra)
-    hit = _DERIVED.get(key)
-    if hit is None:
-        if len(_DERIVED) >= 256:
-            _DERIVED.clear()
-        hit = _DERIVED[key] = (sources, build())
-    return hit[1]
+    """``build()``, cached while the ``sources`` tensors are unmodified (``winpos.cache`` rules: not while
+    torch.compile traces or autograd records through them)."""
+    return _PREPARED.get(extra, lambda: (sources, build()), *sources)[1]
 
 
 def _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside):
@@ -179,41 +176,28 @@ def _lookhere_tensors(fov, slopes, cls, q_win, k_win, heads, blocks, device):
             lookhere_tile_lists(cls.to(device=device)))
 
 
-_LISTS: dict = {}  # id(class table) -> (weakref to it, its version, the packed lists)
-
-
 def lookhere_tile_lists(cls: torch.Tensor) -> torch.Tensor:
     """Compacted tile lists of a ``(heads, n_qt, n_kt)`` class table (0 = empty), packed in one int32 tensor:
     ``[heads, n_qt, n_kt]`` visited key tiles of each query tile first (ascending), ``[heads, n_qt]`` their counts,
     ``[heads, n_kt, n_qt]`` visited query tiles of each key tile, ``[heads, n_kt]`` their counts. The kernels loop
     over the counts with uniform loops (a branch around the dots would turn the software pipeliner off). Cached
-    per class table (LookHere caches its tables per grid and tile shape)."""
-    import weakref
-
-    hit = _LISTS.get(id(cls))
-    if hit is not None and hit[0]() is cls and hit[1] == cls._version:
-        return hit[2]
+    with the other LookHere inputs (``_lookhere_inputs``)."""
     visited = cls != 0
     # stable sort of "empty" puts the visited tiles first, in ascending order
     by_q = torch.sort(~visited, dim=-1, stable=True).indices.to(torch.int32)
     by_k = torch.sort(~visited.transpose(1, 2), dim=-1, stable=True).indices.to(torch.int32)
-    packed = torch.cat([by_q.flatten(), visited.sum(-1, dtype=torch.int32).flatten(), by_k.flatten(),
-                        visited.sum(1, dtype=torch.int32).flatten()])
-    if len(_LISTS) > 256:
-        _LISTS.clear()
-    _LISTS[id(cls)] = (weakref.ref(cls), cls._version, packed)
-    return packed
+    return torch.cat([by_q.flatten(), visited.sum(-1, dtype=torch.int32).flatten(), by_k.flatten(),
+                      visited.sum(1, dtype=torch.int32).flatten()])
 
 
-_GEOMETRY: dict = {}  # (shapes, window, padding, tiles) -> what _geometry derived from them
-
-
-def _geometry(q, k, window, valid_hw, pad_mode, blocks, pack, relpos):
-    """Windows, padding, tiles and windows per program of a call, validated (cached per call signature)."""
-    q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
+@functools.lru_cache(maxsize=256, typed=True)
+def _geometry(q_shape, k_shape, window, valid_hw, pad_mode, blocks, pack, relpos):
+    """Windows, padding, tiles and windows per program of a call, validated; memoized per call signature (a pure
+    function of hashable arguments: shapes, window, padding, tiles)."""
+    q_hw, k_hw = tuple(q_shape[1:3]), tuple(k_shape[1:3])
     n_wh, n_ww, q_win, k_win, pool = attention_groups(q_hw, k_hw, window)
     padding = _padding(pad_mode, valid_hw, k_hw, pool)
-    D = q.shape[4]
+    D = q_shape[4]
     if blocks is None:
         blocks = default_blocks(D, q_win[0] * q_win[1], k_win[0] * k_win[1], relpos)
     blocks = tuple(blocks)
@@ -259,21 +243,15 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     lookhere = getattr(pos, "lookhere", None)
     heads, D = q.shape[3], q.shape[4]
     scale = D ** -0.5 if scale is None else float(scale)
+    args = (q.shape, k.shape, window, valid_hw, pad_mode, blocks, pack, rel_pos is not None)
     try:
-        key = (q.shape, k.shape, window, None if valid_hw is None else tuple(valid_hw), pad_mode,
-               None if blocks is None else tuple(blocks), pack, rel_pos is None)
-        geometry = _GEOMETRY.get(key)
-    except TypeError:  # unhashable arguments: validated (and refused) below
-        key = geometry = None
-    if geometry is None:
-        geometry = _geometry(q, k, window, valid_hw, pad_mode, blocks, pack, rel_pos is not None)
-        if key is not None:
-            if len(_GEOMETRY) >= 256:
-                _GEOMETRY.clear()
-            _GEOMETRY[key] = geometry
+        geometry = _geometry(*args)
+    except TypeError:  # unhashable arguments (lists): the same checks, without the memo
+        geometry = _geometry.__wrapped__(*args)
     n_wh, n_ww, q_win, k_win, pool, (pad_mask, qvh, qvw, kvh, kvw), blocks, pack = geometry
 
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     tabs = None
     if rope is not None:
         tabs, q, k = _rope_inputs(rope, q_win, k_win, q, k, heads, rotate_outside=rel_pos is not None)
@@ -287,4 +265,4 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
         fov, slopes, cls = _lookhere_inputs(lookhere, q_win, k_win, heads, blocks, q.device)
 
     plan = Plan(n_wh, n_ww, *q_win, *k_win, pool, qvh, qvw, kvh, kvw, pad_mask, rot_dims, int(half), *blocks, pack)
-    return attention(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls, plan.as_list(), scale)
+    return attention(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls, list(plan), scale)  # all ints
