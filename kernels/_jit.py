@@ -20,7 +20,7 @@ _LOCK = threading.Lock()
 _MODE = None  # interpreting(), once known (fixed for the process at the first ``import triton``)
 _LOADED = {}  # source name -> module, after its first load: later calls touch no lock, environment or import
 # Kernel sources in dependency order, and the kernels launched with ``kernel[grid](...)`` (the rest are helpers).
-_SOURCES = ("tl_common", "tl_relpos", "tl_attention", "tl_rope")
+_SOURCES = ("tl_common", "tl_relpos", "tl_tiles", "tl_attention", "tl_rope")
 _ENTRY_POINTS = {"attn_fwd", "attn_bwd_dq", "attn_bwd_dkdv", "rope_grid_kernel"}
 
 
