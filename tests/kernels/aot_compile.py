@@ -67,8 +67,9 @@ HIERA_BP = [
 ]
 HIERA_L = [Shape("Hiera-L", "s1 w8", (256, 256), 2, 72, window=8), Shape("Hiera-L", "s3 global", (64, 64), 8, 72)]
 
-# The CI set: every kernel variant class at least once (terms x head dims x window/global/pooled/padded, the 16 x 64
-# pooled transition with every term, four 4x4 windows per program in stage 2), about 60 distinct compiles. ``--all``: every shape above with every term.
+# A quick set (the script's default): every kernel variant class at least once (terms x head dims x window / global /
+# pooled / padded, the 16 x 64 pooled transition with every term, four 4x4 windows per program in stage 2), about 60
+# distinct compiles. The test suite checks ``--all``. ``--all``: every shape above with every term.
 REPRESENTATIVE = [
     *[(s, t) for s in VITDET_B for t in TERMS],
     *[(HIERA_BP[0], t) for t in TERMS],
