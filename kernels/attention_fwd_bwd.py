@@ -188,8 +188,8 @@ def _static(args: dict) -> dict:
 
 
 def _signature(q, k, v, cos_q, cos_k, rel, fov, tile_cls, geom, scale) -> tuple:
-    """Everything the launches' non-tensor arguments depend on (the ``launch_config.STATIC`` key of a forward; a backward adds
-    its gradient's layout)."""
+    """Everything the launches' non-tensor arguments depend on (the ``launch_config.STATIC`` key of a forward; a
+    backward adds its gradient's layout)."""
     return (*geom, scale, q.dtype, q.shape, q.stride(), k.shape, k.stride(), v.stride(), _layout(cos_q),
             _layout(cos_k), _layout(rel), fov is None, _layout(tile_cls))
 

@@ -208,9 +208,7 @@ def _geometry(q_shape, k_shape, window, valid_hw, pad_mode, blocks, pack, relpos
         pack = default_pack(D, blocks, q_tokens, k_tokens, n_wh * n_ww)
     elif not (isinstance(pack, int) and pack >= 1 and pack & (pack - 1) == 0):
         raise ValueError(f"pack={pack!r} must be a power of two >= 1 (windows per program)")
-    elif pack > 1 and (q_tokens > blocks[0] or k_tokens > blocks[1]):
-        raise ValueError(f"pack={pack} needs each {q_win[0]}x{q_win[1]} query window and {k_win[0]}x{k_win[1]} key "
-                         f"window inside one {blocks[0]} x {blocks[1]} block; use pack=1 or larger blocks")
+    # (whether the windows fit one block each is checked with the launch: attention_fwd_bwd.check_pack)
     return n_wh, n_ww, q_win, k_win, pool, padding, blocks, pack
 
 

@@ -55,8 +55,8 @@ def _params(check: str):
 @pytest.fixture(scope="module")
 def rows():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, str(HERE / "aot_compile.py"), "--all", "--json"], cwd=HERE.parents[1], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, str(HERE / "aot_compile.py"), "--all", "--json"], cwd=HERE.parents[1],
+                          env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])["rows"]
     if os.environ.get("WINPOS_COMPILE_TABLE"):
