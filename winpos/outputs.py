@@ -1,5 +1,18 @@
 """How every winpos tool writes files: atomically, never over an input, never over an existing output unless asked.
 
+The API in short (every writer in ``winpos`` and ``tools`` follows it; ``tests/test_output_policy.py`` walks them):
+
+1. Before any work, check every output: ``check_output_file(path, inputs=..., force=args.force, flag="--json")``
+   for a file, ``check_output_dir(folder, planned=[names], force=...)`` for a folder of known files, and
+   ``winpos.d2.run_dir.claim_run_dir`` for a training ``output_dir`` (refused when it holds another run; locked).
+   An existing output is replaced only with ``force`` (``--force`` on the command line).
+2. Write through this module: ``atomic_write(path, lambda f: torch.save(sd, f))``, ``atomic_write_text`` or
+   ``atomic_write_json``. Any ``open(..., "w")``, ``torch.save``, ``json.dump``, ``savefig``, ``Image.save``,
+   ``write_text`` / ``write_bytes`` or ``shutil.copy`` outside an ``atomic_write(...)`` call (or outside a function
+   passed to one) bypasses the policy, and the writer walk fails naming its file:line. A write that is correct
+   without it (a staging folder renamed into place as a whole, an append-only log, a ``/proc`` control file)
+   carries the comment ``# output-policy: <why>`` on its line, which the walk accepts and nothing else does.
+
 ``atomic_write`` is the one writer. The data goes to a temporary file in the destination's folder, is flushed to
 disk (``fsync``) and renamed over the destination, so a reader sees the old file or the new one, never a part.
 On Linux the temporary file is anonymous (``O_TMPFILE``) until it is complete, so even a process killed with
@@ -18,7 +31,7 @@ from typing import Callable, Iterable
 
 from winpos.errors import WinposError
 
-__all__ = ["atomic_write", "WriteError", "check_output_file", "check_output_dir", "same_file", "remove_stale_temps"]
+__all__ = ["atomic_write", "atomic_write_text", "atomic_write_json", "EXEMPT_MARK", "WriteError", "check_output_file", "check_output_dir", "same_file", "remove_stale_temps"]
 
 
 class WriteError(OSError):
@@ -108,6 +121,23 @@ def atomic_write(path, write: Callable, mode: str = "wb") -> None:
                 if e.errno in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", -1)) else ""
             raise WriteError(e.errno, f"could not write {path} ({e.strerror or e}); {state}{hint}") from e
         raise
+
+
+def atomic_write_text(path, text: str) -> None:
+    """``atomic_write`` of a str (utf-8)."""
+    atomic_write(path, lambda f: f.write(text), "w")
+
+
+def atomic_write_json(path, obj, indent: int | None = 1, **dump_kwargs) -> None:
+    """``atomic_write`` of ``obj`` as JSON; serialized first, so an unserializable value leaves no file."""
+    import json
+
+    text = json.dumps(obj, indent=indent, **dump_kwargs)
+    atomic_write_text(path, text + "\n")
+
+
+EXEMPT_MARK = "# output-policy:"
+"""The comment that marks a file write the writer walk accepts without ``atomic_write``; a reason must follow."""
 
 
 def remove_stale_temps(folder, pattern: str = "*.tmp") -> list[Path]:

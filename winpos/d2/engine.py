@@ -141,7 +141,7 @@ def save_config(cfg, resume: bool = False) -> str | None:
 
     with tempfile.TemporaryDirectory(dir=output_dir, prefix=".config-") as tmp:
         staged = os.path.join(tmp, "config.yaml")
-        LazyConfig.save(cfg, staged)
+        LazyConfig.save(cfg, staged)  # output-policy: a private temporary folder; atomic_write below publishes it
         if not os.path.isfile(staged):  # LazyConfig.save fell back to a pickle: the config is not yaml-able
             logger.warning("the config could not be saved as yaml; config.yaml is not written")
             return None

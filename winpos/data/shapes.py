@@ -287,8 +287,10 @@ def _as_hw(image_size) -> tuple[int, int]:
 
 
 def generate_shapes(root: str | Path, split: str, num_images: int, image_size=256, seed: int = 0,
-                    min_objects: int = 1, max_objects: int = 6, object_side: int | None = None) -> Path:
+                    min_objects: int = 1, max_objects: int = 6, object_side: int | None = None,
+                    force: bool = False) -> Path:
     """Write ``root/split/NNNNNN.png`` and ``root/annotations/instances_{split}.json``; return the json path.
+    A split already in ``root`` (its json or a non-empty image folder) is refused unless ``force``.
 
     ``image_size``: int or (height, width). ``object_side``: draw object sizes as for an image of this short side
     (default: the image's own), e.g. a 256 px canvas holding the objects of a 64 px image (``object_side=64``;
@@ -306,7 +308,14 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
                           "drawn for), or None for the image's own")
     if not 0 <= min_objects <= max_objects or max_objects < 1:
         raise WinposError(f"need 0 <= min_objects <= max_objects and max_objects >= 1, got {min_objects}, {max_objects}")
+    from winpos.outputs import atomic_write_text, check_output_file
+
     root = Path(root)
+    json_path = root / "annotations" / f"instances_{split}.json"
+    check_output_file(json_path, force=force, flag="the shapes dataset's")
+    if not force and (root / split).is_dir() and any((root / split).iterdir()):
+        raise WinposError(f"the shapes split folder {root / split} already holds files; pass force=True to replace "
+                          "them, or choose another root")
     (root / split).mkdir(parents=True, exist_ok=True)
     (root / "annotations").mkdir(parents=True, exist_ok=True)
     images, annotations = [], []
@@ -314,7 +323,8 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
         rng = np.random.default_rng([seed, zlib.crc32(split.encode()), i])
         image, anns = _random_scene(rng, h, w, int(rng.integers(min_objects, max_objects + 1)), object_side)
         file_name = f"{i:06d}.png"
-        Image.fromarray(image).save(root / split / file_name, compress_level=1)  # noisy pixels barely compress
+        # noisy pixels barely compress; ensure_shapes_dataset stages a whole dataset and renames it into place
+        Image.fromarray(image).save(root / split / file_name, compress_level=1)  # output-policy: split checked above
         images.append({"id": i + 1, "file_name": file_name, "height": h, "width": w, "license": 1})
         for ann in anns:
             annotations.append({"id": len(annotations) + 1, "image_id": i + 1, **ann})
@@ -326,10 +336,7 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
         "annotations": annotations,
         "categories": [{"id": k + 1, "name": n, "supercategory": "shape"} for k, n in enumerate(SHAPE_CLASSES)],
     }
-    json_path = root / "annotations" / f"instances_{split}.json"
-    tmp = json_path.with_name(json_path.name + ".tmp")
-    tmp.write_text(json.dumps(dataset, separators=(",", ":")))
-    os.replace(tmp, json_path)
+    atomic_write_text(json_path, json.dumps(dataset, separators=(",", ":")))
     return json_path
 
 
@@ -393,7 +400,7 @@ def ensure_shapes_dataset(root: str | Path | None = None, train_images: int = 60
         try:
             for split, n in (("train", train_images), ("val", val_images)):
                 generate_shapes(tmp, split, n, image_size, seed, min_objects, max_objects, object_side)
-            (tmp / _MANIFEST).write_text(json.dumps(params, sort_keys=True))
+            (tmp / _MANIFEST).write_text(json.dumps(params, sort_keys=True))  # output-policy: staging folder
             if final.exists() and not (final / _MANIFEST).is_file():
                 shutil.rmtree(final)  # an incomplete dir not made by this function: replace it
             try:
