@@ -85,7 +85,7 @@ def test_wrong_override_type_is_refused_when_parsed():
 
 def test_missing_init_checkpoint_is_one_line_and_keeps_config_yaml(tmp_path):
     (tmp_path / "config.yaml").write_text("the run's own config\n")
-    res = tool("train_net.py", "--config-file", CONFIG, f"train.output_dir={tmp_path}", "train.device=cpu",
+    res = tool("train_net.py", "--config-file", CONFIG, "--resume", f"train.output_dir={tmp_path}", "train.device=cpu",
                f"train.init_checkpoint={tmp_path / 'missing.pth'}")
     assert_one_line_error(res, "missing.pth", "does not exist")
     assert (tmp_path / "config.yaml").read_text() == "the run's own config\n"  # a failed start changes nothing

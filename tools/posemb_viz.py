@@ -32,6 +32,8 @@ def main(argv=None):
                         "detectron2, winpos (the same names as convert_checkpoint.py --format)")
     p.add_argument("--out", default="output/posemb_viz")
     p.add_argument("--pdf", action="store_true")
+    p.add_argument("--force", action="store_true",
+                   help="replace the report.json and figures of an earlier run in --out (its listed figures are removed)")
     d = sub.add_parser("doctor", help="check a config or preset for the interpolation bug")
     d.add_argument("target", help="a LazyConfig .py file or a backbone preset name")
     d.add_argument("--image-size", type=positive_int, default=None, help="image size in px (default: the model's)")
@@ -41,8 +43,10 @@ def main(argv=None):
     d.add_argument("overrides", nargs="*", help="key=value overrides")
     args = parser.parse_args(argv)
     if args.cmd == "plot":
+        from winpos.diagnostics.plots import prepare_report_dir
         from winpos.diagnostics.report import run_posemb_viz
 
+        prepare_report_dir(args.out, inputs=args.checkpoints, force=args.force)  # before any work
         result = run_posemb_viz(args.checkpoints, args.out, args.sizes, window=args.window, format=args.format,
                                 pdf=args.pdf)
         for ckpt in result.get("checkpoints", []):

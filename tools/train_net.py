@@ -3,6 +3,7 @@
 
     tools/train_net.py --config-file configs/shapes/mask_rcnn_hieradet_toy_abswin.py
     tools/train_net.py --config-file CFG --resume                        # continue from output_dir/last_checkpoint
+    tools/train_net.py --config-file CFG --force                         # replace the run already in output_dir
     tools/train_net.py --config-file CFG --eval-only train.init_checkpoint=out/model_final.pth
     tools/train_net.py --config-file CFG --num-gpus 8 dataloader.train.total_batch_size=16
     tools/train_net.py --config-file CFG --dataset mine=ann.json:images dataloader.train.dataset.names=mine
@@ -10,7 +11,9 @@
 Overrides are strict: a key that does not exist is an error (add one on purpose with +key=value), and a value must
 have the type of the one it replaces. Flags go before the overrides. --eval-only needs train.init_checkpoint
 (or --random-weights to evaluate the untrained model on purpose). Runs on the CPU when there is no GPU (--num-gpus
-N then starts N CPU processes over gloo). Bad input: one "error:" line and exit status 2. The logic is in
+N then starts N CPU processes over gloo). A train.output_dir that holds another run (checkpoints, metrics.json,
+config.yaml) is refused unless --resume or --force, and one that a running train_net.py holds is refused naming it
+(winpos.d2.run_dir). Bad input: one "error:" line and exit status 2. The logic is in
 winpos.d2.engine.
 """
 import sys

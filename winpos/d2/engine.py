@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpoint
 from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
+from winpos.d2.run_dir import claim_run_dir
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import WinposError
 from winpos.outputs import atomic_write
@@ -51,6 +52,9 @@ def build_parser(epilog: str | None = None):
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
                         help="register a COCO-format dataset under NAME before the config is used (repeatable); "
                              "bad annotations are skipped and counted")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the run already in train.output_dir (its checkpoints, metrics and config are "
+                             "removed first); without it such a folder is refused unless --resume")
     return parser
 
 
@@ -110,8 +114,15 @@ def _default_setup(cfg, args) -> None:
     from detectron2.utils.logger import setup_logger
 
     output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
+    seed = OmegaConf.select(cfg, "train.seed", default=0)
+    if seed is not None and seed < 0:
+        raise WinposError(f"train.seed={seed} is negative; every rank and the data stream are seeded with seed + "
+                          "rank: set a seed >= 0 (e.g. train.seed=0), another one for another random draw")
     if comm.is_main_process() and output_dir:
-        os.makedirs(output_dir, exist_ok=True)
+        if getattr(args, "eval_only", False):
+            os.makedirs(output_dir, exist_ok=True)
+        else:  # before log.txt: a folder holding another run, or in use by one, is refused untouched
+            claim_run_dir(output_dir, resume=getattr(args, "resume", False), force=getattr(args, "force", False))
     rank = comm.get_rank()
     setup_logger(output_dir, distributed_rank=rank, name="fvcore")
     d2_logger = setup_logger(output_dir, distributed_rank=rank)
@@ -119,8 +130,7 @@ def _default_setup(cfg, args) -> None:
     d2_logger.info(f"Rank of current process: {rank}. World size: {comm.get_world_size()}")
     d2_logger.info("Environment info:\n" + collect_env_info())
     d2_logger.info("Command line arguments: " + str(args))
-    seed = OmegaConf.select(cfg, "train.seed", default=-1)
-    seed_all_rng(None if seed is None or seed < 0 else seed + rank)
+    seed_all_rng(None if seed is None else seed + rank)
     if not getattr(args, "eval_only", False):
         torch.backends.cudnn.benchmark = bool(OmegaConf.select(cfg, "train.cudnn_benchmark", default=False))
 
@@ -242,7 +252,7 @@ class ResumableWriter(hooks.PeriodicWriter):
     def before_train(self):
         start = self.trainer.start_iter
         metrics = os.path.join(self._output_dir, "metrics.json")
-        if start > 0 and trim_metrics(metrics, start):
+        if trim_metrics(metrics, start):  # at 0: a resume with no checkpoint yet starts the file afresh
             logger.info(f"trimmed metrics.json to iterations < {start} (resumed run)")
         tb = {"purge_step": start} if start > 0 else {}
         self._writers = [CommonMetricPrinter(self._max_iter), JSONWriter(metrics),
@@ -283,9 +293,13 @@ class ThreadShareHook(hooks.HookBase):
         self._apply()
 
 
-def do_train(cfg, resume: bool = False, extra_hooks=()) -> dict:
+def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> dict:
     """Train ``cfg.model`` as configured; returns the last evaluation results (or {}). ``extra_hooks``: detectron2
-    hooks registered first (their ``after_train`` runs before the final evaluation)."""
+    hooks registered first (their ``after_train`` runs before the final evaluation). ``train.output_dir`` is
+    claimed first (``winpos.d2.run_dir``): locked, and refused when it holds another run unless ``resume`` / ``force``.
+    """
+    if comm.is_main_process():
+        claim_run_dir(cfg.train.output_dir, resume=resume, force=force)
     model = build_model(cfg)
     optimizer = build_optimizer(cfg, model)
     model = _ddp(model, cfg)
@@ -333,7 +347,7 @@ def main(args):
         model = _ddp(model, cfg)
         load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
         return do_test(cfg, model)
-    return do_train(cfg, resume=args.resume)
+    return do_train(cfg, resume=args.resume, force=getattr(args, "force", False))
 
 
 def launch_main(args, main_func=main):

@@ -24,10 +24,37 @@ from winpos.diagnostics.metrics import (SCAN_MAX_SIDE, PeriodScan, naive_resize,
                                         scan_peak, window_similarity, window_similarity_matrix, window_tiles)
 from winpos.errors import WinposError
 
-__all__ = ["plot_embedding_grids", "plot_period_scan", "plot_window_similarity", "plot_all", "states_at"]
+__all__ = ["plot_embedding_grids", "plot_period_scan", "plot_window_similarity", "plot_all", "states_at",
+           "prepare_report_dir"]
 
 Panel = tuple[str, torch.Tensor]  # (label, (C, H, W) grid)
 CLEAR_PERIOD_WS = 0.3  # below this the scan's maximum is noise of a smooth map, not a period
+
+
+def prepare_report_dir(out_dir, inputs=(), force: bool = False, flag: str = "--out") -> Path:
+    """The output policy of a plot folder, before any work: a folder that already holds a ``report.json`` or
+    figures (PNG / PDF) is refused unless ``force``; with ``force`` the earlier report and the figures it lists are
+    removed, so the folder never holds figures that its report does not list. Returns the folder."""
+    import json
+
+    from winpos.outputs import check_output_dir
+
+    out = Path(out_dir)
+    earlier = sorted(p.name for p in out.glob("*") if p.suffix.lower() in (".png", ".pdf")) if out.is_dir() else []
+    check_output_dir(out, input_files=inputs, planned=["report.json", *earlier], force=force, flag=flag)
+    report = out / "report.json"
+    if force and report.is_file():
+        try:
+            listed = [Path(p) for c in json.loads(report.read_text()).get("checkpoints", [])
+                      for e in c.get("embeddings", []) for p in e.get("plots", [])]
+        except (ValueError, AttributeError):
+            listed = []
+        for p in listed:
+            if p.parent.resolve() == out.resolve() and p.suffix.lower() in (".png", ".pdf"):
+                p.unlink(missing_ok=True)
+                p.with_suffix(".pdf").unlink(missing_ok=True)
+        report.unlink()
+    return out
 
 
 def _save(fig: Figure, path: Path, pdf: bool) -> list[Path]:
