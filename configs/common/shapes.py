@@ -29,6 +29,10 @@ train.eval_period = 0  # evaluate once, after training
 train.log_period = 20
 optimizer.lr = 4e-4
 optimizer.weight_decay = 0.05
+# The shapes protocol keeps the rule its recorded results were trained with (not detectron2's): no weight decay on
+# any position parameter (token embeddings, relpos tables, RoPE) nor on any norm, detectron2's LayerNorm included.
+optimizer.params.overrides = {key: {"weight_decay": 0.0} for key in ("pos_embed", "rel_pos", "rope")}
+optimizer.params.norm_layers = "all"
 
 
 def shrink_heads(model, channels=64):

@@ -13,5 +13,6 @@ train = dict(
     device="auto",  # cuda if available, else cpu
     seed=0,  # per-rank seed = seed + rank; also seeds the data stream's shuffling and augmentation
     cudnn_benchmark=False,
+    grad_accum_steps=1,  # micro-batches per optimizer step: per-GPU images = total_batch_size / (GPUs x this)
     clip_grad=None,  # max global gradient norm, or None
 )

@@ -2,6 +2,7 @@
 forgotten), every COCO config with each position-encoding recipe as an override; shapes configs also take a
 training step; strict overrides reject unknown keys."""
 import contextlib
+import re
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,6 @@ from detectron2.structures import BitMasks, Boxes, Instances
 from detectron2.utils.events import EventStorage
 
 from winpos.d2.config import apply_overrides, load_config
-from winpos.d2.optim import is_position_param
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = [p for p in sorted(CONFIGS.rglob("*.py")) if "common" not in p.parts]
@@ -28,14 +28,35 @@ def recipe_key(path) -> str:
     return "model.backbone.bottom_up.recipe" if "hieradet" in Path(path).stem else "model.backbone.net.recipe"
 
 
+HIERADET_SIZES = ("t", "s", "b", "bplus", "l", "h")
+HEADER = re.compile(r"^# (Cascade )?Mask R-CNN, (ViTDet|HieraDet)-(\w\+?): (\d+) epochs = (\d+) iterations at batch (\d+), "
+                    r"lr steps at (\d+) / (\d+)\.$")
+
+
 def test_the_glob_sees_every_family():
-    assert len(COCO) == 12 and len(SHAPES) >= 10 and len(RECIPES) == len(COCO) + len(SHAPES)
-    for fam, sizes in (("vitdet", "blh"), ("hieradet", ["t", "s", "b", "bplus", "l"])):
-        for s in sizes:
-            assert CONFIGS / "COCO" / f"mask_rcnn_{fam}_{s}_100ep.py" in COCO
-    for fam in ("vitdet", "hieradet"):
+    assert len(COCO) == 18 and len(SHAPES) >= 10 and len(RECIPES) == len(COCO) + len(SHAPES)
+    for kind in ("mask_rcnn", "cascade_mask_rcnn"):
         for s in "bl":
-            assert CONFIGS / "COCO" / f"cascade_mask_rcnn_{fam}_{s}_100ep.py" in COCO
+            assert CONFIGS / "COCO" / f"{kind}_vitdet_{s}_100ep.py" in COCO
+        assert CONFIGS / "COCO" / f"{kind}_vitdet_h_75ep.py" in COCO  # detectron2 trains ViTDet-H 75 epochs
+        for s in HIERADET_SIZES:  # every HieraDet preset but the toy
+            assert CONFIGS / "COCO" / f"{kind}_hieradet_{s}_100ep.py" in COCO
+
+
+@pytest.mark.parametrize("path", COCO, ids=ids(COCO))
+def test_coco_config_states_its_schedule_first(path):
+    """The first line says epochs, iterations, batch and lr steps; loading the file gives exactly those."""
+    match = HEADER.match(path.read_text().splitlines()[0])
+    assert match, f"{path.name}: first line does not state its schedule"
+    cascade, family, size, epochs, iters, batch, *steps = match.groups()
+    assert bool(cascade) == path.stem.startswith("cascade") and f"_{epochs}ep" in path.stem
+    assert f"{family.lower()}_{size.lower().replace('+', 'plus')}_" in path.stem
+    cfg = load_config(path)
+    assert cfg.train.max_iter == int(iters) and cfg.dataloader.train.total_batch_size == int(batch)
+    scheduler = cfg.lr_multiplier.scheduler
+    assert list(scheduler.milestones) == [int(s) for s in steps] and scheduler.num_updates == int(iters)
+    assert int(iters) * int(batch) / 118000 == pytest.approx(int(epochs), abs=1e-3)  # detectron2's epoch arithmetic
+    assert cfg.lr_multiplier.warmup_length * int(iters) == pytest.approx(250)
 
 
 @contextlib.contextmanager
@@ -68,7 +89,8 @@ def test_coco_config_instantiates(path, recipe, tmp_path):
     again = _saved_and_reloaded(cfg, tmp_path)
     assert cfg.dataloader.train.dataset.names == "coco_2017_train"
     assert cfg.dataloader.test.dataset.names == "coco_2017_val"
-    assert cfg.train.max_iter == 184375 and cfg.train.init_checkpoint
+    assert cfg.train.max_iter in (184375, 138281) and cfg.train.init_checkpoint
+    assert cfg.train.amp.enabled and cfg.train.amp.precision == "fp16"  # detectron2's AMPTrainer: fp16 + GradScaler
     with meta_parameters():
         model = instantiate(cfg.model)
         reloaded = instantiate(again.model)  # output_dir/config.yaml rebuilds the same model
@@ -87,9 +109,10 @@ def test_coco_config_instantiates(path, recipe, tmp_path):
     assert ("cascade" in path.stem) == (type(model.roi_heads).__name__ == "CascadeROIHeads")
     cfg.optimizer.params.model = model
     optimizer = instantiate(cfg.optimizer)
-    for group in optimizer.param_groups:
-        if any(is_position_param(n) for n, p in model.named_parameters() if any(p is q for q in group["params"])):
-            assert group["weight_decay"] == 0.0
+    decay = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    for name, p in model.named_parameters():  # token embeddings: no weight decay (detectron2's B / L), 0.1 for H
+        if "pos_embed" in name:
+            assert decay[id(p)] == (0.1 if "vitdet_h" in path.stem else 0.0), name
     scheduler = instantiate(cfg.lr_multiplier)
     assert scheduler(0.0) == pytest.approx(0.001) and scheduler(0.999) == pytest.approx(0.01)
 

@@ -1,5 +1,6 @@
-"""Optimizer groups: layer-wise lr decay (oracle: detectron2's get_vit_lr_decay_rate for ViTDet) and weight decay 0
-for every position parameter and every norm."""
+"""Optimizer groups: layer-wise lr decay (oracle: detectron2's get_vit_lr_decay_rate for ViTDet), weight decay by
+detectron2's rule (torch norms, then overrides) and the "all norms" variant. The full-size parity with detectron2's
+optimizer is tests/d2/test_optim_parity.py."""
 import pytest
 import torch
 from detectron2.config import LazyCall as L
@@ -46,36 +47,41 @@ def test_vitdet_layer_decay_matches_detectron2(recipe):
         assert by_param[id(p)]["lr"] == pytest.approx(want, rel=1e-12), name
 
 
-def test_position_params_have_no_weight_decay_and_layer_zero():
+def test_position_layer_and_overrides():
     model = _vit_model("original")
     names = dict(model.named_parameters())
     pos = [n for n in names if is_position_param(n)]
     assert any("pos_embed" in n for n in pos) and any("rel_pos" in n for n in pos)
     for mode in ("block", "zero"):
         groups = get_optimizer_params(model, base_lr=BASE_LR, weight_decay=WD, lr_decay_rate=DECAY,
-                                      position_layer=mode)
+                                      position_layer=mode, overrides={"pos_embed": {"weight_decay": 0.0}})
         by_param = _groups_by_param(groups)
         for n in pos:
             g = by_param[id(names[n])]
-            assert g["weight_decay"] == 0.0, n
+            assert g["weight_decay"] == (0.0 if "pos_embed" in n else WD), n  # relpos decays, as in detectron2
             if "pos_embed" in n or mode == "zero":
                 assert g["layer_id"] == 0 and g["lr"] == pytest.approx(BASE_LR * DECAY ** (4 + 1)), n
             else:  # relpos inside block i decays with its block, as in detectron2
                 assert g["layer_id"] == int(n.split(".blocks.")[1].split(".")[0]) + 1, n
         assert by_param[id(names["head.weight"])]["weight_decay"] == WD
+    lr_override = get_optimizer_params(model, base_lr=BASE_LR, overrides={"head": {"lr": 0.5}})
+    assert _groups_by_param(lr_override)[id(names["head.bias"])]["lr"] == 0.5  # an absolute lr
 
 
-def test_norms_have_no_weight_decay_including_detectron2_layernorm():
+def test_norms_torch_rule_and_all_norms():
     model = _vit_model("paper")
-    groups = get_optimizer_params(model, base_lr=BASE_LR, weight_decay=WD)
-    by_param = _groups_by_param(groups)
-    norms = [m for m in model.modules() if isinstance(m, (torch.nn.LayerNorm, D2LayerNorm))]
-    assert any(isinstance(m, D2LayerNorm) for m in norms)
-    for m in norms:
-        for p in m.parameters(recurse=False):
-            assert by_param[id(p)]["weight_decay"] == 0.0
+    torch_norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    d2_norms = [m for m in model.modules() if isinstance(m, D2LayerNorm)]
+    assert torch_norms and d2_norms
     qkv = model.backbone.net.net.blocks[0].attn.qkv.weight
-    assert by_param[id(qkv)]["weight_decay"] == WD
+    for norm_layers, d2_wd in (("torch", WD), ("all", 0.0)):
+        by_param = _groups_by_param(get_optimizer_params(model, base_lr=BASE_LR, weight_decay=WD,
+                                                         norm_layers=norm_layers))
+        assert all(by_param[id(p)]["weight_decay"] == 0.0 for m in torch_norms for p in m.parameters())
+        assert all(by_param[id(p)]["weight_decay"] == d2_wd for m in d2_norms for p in m.parameters()), norm_layers
+        assert by_param[id(qkv)]["weight_decay"] == WD
+    no_norm_rule = _groups_by_param(get_optimizer_params(model, weight_decay=WD, weight_decay_norm=None))
+    assert all(no_norm_rule[id(p)]["weight_decay"] == WD for m in torch_norms for p in m.parameters())
 
 
 def test_hieradet_layer_ids_per_block():
@@ -110,3 +116,7 @@ def test_from_lazyconfig_and_bad_arguments():
         get_optimizer_params(model, lr_decay_rate=0.5)
     with pytest.raises(ValueError, match="position_layer"):
         get_optimizer_params(model, position_layer="first")
+    with pytest.raises(ValueError, match="norm_layers='some'; choose 'torch'"):
+        get_optimizer_params(model, norm_layers="some")
+    with pytest.raises(ValueError, match="'lr' and/or 'weight_decay'"):
+        get_optimizer_params(model, overrides={"pos_embed": {"wd": 0.0}})
