@@ -24,13 +24,15 @@ import numpy as np
 import torch
 import torch.utils.data as torchdata
 from detectron2.data import DatasetCatalog, DatasetFromList, DatasetMapper, get_detection_dataset_dicts
+from detectron2.data import detection_utils
 from detectron2.data import transforms as T
 from detectron2.utils import comm
 
+from winpos.data.images import read_image
 from winpos.errors import WinposError
 
 __all__ = ["register_coco", "register_shapes", "register_shapes_one_class", "ensure_registered", "get_dataset_dicts",
-           "build_lsj_mapper",
+           "build_lsj_mapper", "WinposDatasetMapper",
            "build_test_mapper", "StreamDataset", "IterationBatchSampler", "build_resumable_train_loader"]
 
 logger = logging.getLogger(__name__)
@@ -147,8 +149,31 @@ def get_dataset_dicts(names, filter_empty: bool = True, shapes: dict | None = No
                           "another dataset") from e
 
 
+class WinposDatasetMapper(DatasetMapper):
+    """detectron2's ``DatasetMapper`` reading each image with ``winpos.data.images.read_image``: 16-bit, palette and
+    alpha images with their real range, EXIF orientation applied, other modes refused naming the file and mode
+    (detectron2's reader clips 16-bit values at 255: a white image). Instance annotations only."""
+
+    def __call__(self, dataset_dict):
+        dataset_dict = copy.deepcopy(dataset_dict)
+        if "sem_seg_file_name" in dataset_dict or self.proposal_topk is not None:
+            raise WinposError("WinposDatasetMapper maps instance annotations only; semantic segmentation and "
+                              "precomputed proposals need detectron2's DatasetMapper")
+        image = read_image(dataset_dict["file_name"], format=self.image_format)
+        detection_utils.check_image_size(dataset_dict, image)
+        aug_input = T.AugInput(image)
+        transforms = self.augmentations(aug_input)
+        image = aug_input.image  # (H, W, 3) -> (3, H, W) below
+        dataset_dict["image"] = torch.as_tensor(np.ascontiguousarray(image.transpose(2, 0, 1)))
+        if not self.is_train:
+            dataset_dict.pop("annotations", None)
+        elif "annotations" in dataset_dict:
+            self._transform_annotations(dataset_dict, transforms, image.shape[:2])
+        return dataset_dict
+
+
 def build_lsj_mapper(is_train: bool = True, image_size: int = 1024, min_scale: float = 0.1, max_scale: float = 2.0,
-                     use_instance_mask: bool = True, image_format: str = "RGB") -> DatasetMapper:
+                     use_instance_mask: bool = True, image_format: str = "RGB") -> WinposDatasetMapper:
     """ViTDet's large-scale-jitter mapper: flip, resize by a random scale of ``image_size``, crop to
     ``image_size`` (no pad: the model pads). Box targets are recomputed from the cropped masks when masks are
     used (a crop cuts polygons, not boxes); without masks the cropped boxes are used as they are.
@@ -161,14 +186,15 @@ def build_lsj_mapper(is_train: bool = True, image_size: int = 1024, min_scale: f
             T.ResizeScale(min_scale=min_scale, max_scale=max_scale, target_height=image_size,
                           target_width=image_size),
             T.FixedSizeCrop(crop_size=(image_size, image_size), pad=False)]
-    return DatasetMapper(is_train=True, augmentations=augs, image_format=image_format,
-                         use_instance_mask=use_instance_mask, recompute_boxes=use_instance_mask)
+    return WinposDatasetMapper(is_train=True, augmentations=augs, image_format=image_format,
+                               use_instance_mask=use_instance_mask, recompute_boxes=use_instance_mask)
 
 
-def build_test_mapper(image_size: int = 1024, image_format: str = "RGB") -> DatasetMapper:
+def build_test_mapper(image_size: int = 1024, image_format: str = "RGB") -> WinposDatasetMapper:
     """Resize the longer side to ``image_size`` (ViTDet's test transform for square inputs)."""
-    return DatasetMapper(is_train=False, augmentations=[T.ResizeShortestEdge(image_size, max_size=image_size)],
-                         image_format=image_format)
+    return WinposDatasetMapper(is_train=False,
+                               augmentations=[T.ResizeShortestEdge(image_size, max_size=image_size)],
+                               image_format=image_format)
 
 
 @contextlib.contextmanager

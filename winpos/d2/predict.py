@@ -18,11 +18,11 @@ import torch
 from detectron2.config import instantiate
 from detectron2.data import MetadataCatalog
 from detectron2.data import transforms as T
-from detectron2.data.detection_utils import read_image
 import numpy as np
 from PIL import Image, ImageDraw
 
 from winpos.d2.data import ensure_registered
+from winpos.data.images import read_image  # 16-bit, palette, alpha with their real range (not detectron2's)
 from winpos.errors import MissingInputError, WinposError
 from winpos.outputs import atomic_write, check_output_dir
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from PIL import Image
 
+from .images import READABLE_MODES
 from .shapes import cache_root
 from winpos.errors import WinposError
 
@@ -75,11 +76,14 @@ def _image_problem(img: dict, image_root: Path, check_images: bool) -> tuple[str
         return "image_file_missing", f"image {img['id']}: file {path} does not exist"
     try:
         with Image.open(path) as im:
-            w, h = im.size
+            w, h, mode = *im.size, im.mode
             if im.getexif().get(_EXIF_ORIENTATION) in _TRANSPOSING_ORIENTATIONS:
                 w, h = h, w
     except Exception as e:  # PIL raises several types for truncated or foreign files
         return "image_file_unreadable", f"image {img['id']}: cannot read {path} ({type(e).__name__}: {e})"
+    if mode not in READABLE_MODES:
+        return "image_mode_unreadable", (f"image {img['id']}: {path} has PIL mode {mode!r}, which has no range winpos "
+                                         "can know; save it as 8-bit or 16-bit RGB / greyscale")
     if (w, h) != (img["width"], img["height"]):
         return "image_size_mismatch", (f"image {img['id']}: {path} is {w}x{h} but the json says "
                                        f"{img['width']}x{img['height']}")
@@ -122,7 +126,8 @@ def validate_coco_json(json_path, image_root, on_error: str = "raise", check_ima
                        max_examples: int = 5) -> ValidationReport:
     """Check a COCO instances json and the images it names.
 
-    Problems found: missing or unreadable image files, images whose size differs from the json, duplicate ids,
+    Problems found: missing or unreadable image files, images in a PIL mode ``winpos.data.images`` refuses, images
+    whose size differs from the json, duplicate ids,
     annotations on unknown image ids or category ids, missing, malformed, zero-size or negative boxes, empty
     segmentations, polygons with fewer than 3 points, and annotations without a segmentation in a dataset that
     has them (detectron2's mapper fails on such a mix).
