@@ -6,6 +6,7 @@
     tools/train_net.py --config-file CFG --force                         # replace the run already in output_dir
     tools/train_net.py --config-file CFG --eval-only train.init_checkpoint=out/model_final.pth
     tools/train_net.py --config-file CFG --num-gpus 8 dataloader.train.total_batch_size=16
+    tools/train_net.py --config-file CFG --num-gpus 8 train.grad_accum_steps=4    # batch 64 = 8 GPUs x 4 x 2 images
     tools/train_net.py --config-file CFG --dataset mine=ann.json:images dataloader.train.dataset.names=mine
 
 Overrides are strict: a key that does not exist is an error (add one on purpose with +key=value), and a value must
@@ -24,6 +25,7 @@ from winpos.errors import late_flags, quiet_third_party_warnings, run_cli
 def main(argv=None):
     quiet_third_party_warnings()
     from winpos.d2.engine import build_parser, launch_main
+    from winpos.d2.startup import check_before_launch
 
     parser = build_parser(__doc__)
     args = parser.parse_args(argv)
@@ -31,6 +33,7 @@ def main(argv=None):
     if late:
         parser.error(f"{', '.join(late)} comes after the key=value overrides, which take the rest of the command "
                      "line; put every flag before the overrides")
+    check_before_launch(args)  # a batch the processes and accumulation cannot make: one line, before launching
     launch_main(args)
     return 0
 

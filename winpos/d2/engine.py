@@ -33,6 +33,7 @@ from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpo
 from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
 from winpos.d2.run_dir import claim_run_dir
+from winpos.d2.startup import plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import WinposError
 from winpos.outputs import atomic_write
@@ -192,6 +193,12 @@ def build_train_loader(cfg, start_iter: int = 0):
     elif start_iter:
         logger.warning(f"{target} takes no start_iter: the data stream restarts at resume (use "
                        "winpos.d2.data.build_resumable_train_loader for an exact resume)")
+    plan = plan_of(cfg, comm.get_world_size())
+    if plan.accum > 1:  # micro-batches, train.grad_accum_steps of them per step (cfg keeps the total)
+        loader_cfg = copy.deepcopy(loader_cfg)
+        loader_cfg.total_batch_size = plan.micro_total
+        if "start_iter" in loader_cfg:
+            loader_cfg.start_iter = start_iter * plan.accum
     return instantiate(loader_cfg)
 
 
@@ -298,14 +305,17 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     hooks registered first (their ``after_train`` runs before the final evaluation). ``train.output_dir`` is
     claimed first (``winpos.d2.run_dir``): locked, and refused when it holds another run unless ``resume`` / ``force``.
     """
+    plan = plan_of(cfg, comm.get_world_size())  # refuses a batch the processes and accumulation cannot make
     if comm.is_main_process():
+        logger.info(start_up_block(cfg, comm.get_world_size(), cfg.train.device))
         claim_run_dir(cfg.train.output_dir, resume=resume, force=force)
     model = build_model(cfg)
     optimizer = build_optimizer(cfg, model)
     model = _ddp(model, cfg)
     amp = cfg.train.get("amp", {})
     trainer = WinposTrainer(model, None, optimizer, amp=amp.get("enabled", False),
-                            precision=amp.get("precision", "bf16"), clip_grad=cfg.train.get("clip_grad", None))
+                            precision=amp.get("precision", "bf16"), clip_grad=cfg.train.get("clip_grad", None),
+                            grad_accum_steps=plan.accum)
     output_dir = cfg.train.output_dir
     checkpointer = WinposCheckpointer(model, output_dir, trainer=trainer, rng=RNGState())
     results = {}

@@ -1,0 +1,116 @@
+"""What a training run is about to do, said once when it starts, and the batch arithmetic it rests on.
+
+A COCO recipe fixes the total batch (64 images per optimizer step). Spread over ``world_size`` processes and
+``train.grad_accum_steps`` micro-batches per step, each process sees ``total / (world_size x accum)`` images per
+micro-batch; a total that this does not divide is refused before anything is built. ``start_up_block`` is the one
+block ``tools/train_net.py`` logs at start: processes, images per GPU per micro-batch, accumulation steps, total
+batch, iterations, epochs, AMP dtype, init checkpoint and recipe.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import OmegaConf
+
+from winpos.errors import WinposError
+
+__all__ = ["BatchPlan", "batch_plan", "plan_of", "start_up_block", "check_before_launch", "COCO_EPOCH_IMAGES"]
+
+COCO_EPOCH_IMAGES = 118000  # detectron2's epoch arithmetic for coco_2017_train: 184375 x 64 / 118000 = 100 epochs
+RECIPE_KEYS = ("model.backbone.net", "model.backbone.bottom_up")  # ViTDet (SimpleFeaturePyramid) / HieraDet (FPN)
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """``total`` images per optimizer step = ``world_size`` processes x ``accum`` micro-batches x ``per_gpu``."""
+
+    total: int
+    world_size: int
+    accum: int
+
+    @property
+    def per_gpu(self) -> int:
+        return self.total // (self.world_size * self.accum)
+
+    @property
+    def micro_total(self) -> int:
+        """Images per micro-batch over all processes (what the train loader is asked for)."""
+        return self.total // self.accum
+
+
+def batch_plan(total: int, world_size: int, accum: int = 1) -> BatchPlan:
+    """Check that ``total`` images split evenly over ``world_size`` processes and ``accum`` micro-batches."""
+    if not isinstance(accum, int) or accum < 1:
+        raise WinposError(f"train.grad_accum_steps={accum!r} must be a positive integer (1: no accumulation)")
+    if not isinstance(total, int) or total < 1:
+        raise WinposError(f"dataloader.train.total_batch_size={total!r} must be a positive integer")
+    if total % (world_size * accum):
+        fits = [a for a in range(1, total + 1) if total % (world_size * a) == 0]
+        fix = (f"choose train.grad_accum_steps in {fits}" if fits else
+               f"choose a total batch that {world_size} processes divide")
+        raise WinposError(f"dataloader.train.total_batch_size={total} cannot be made by {world_size} processes x "
+                          f"{accum} accumulation steps ({total} / {world_size * accum} is not a whole number of "
+                          f"images per GPU); {fix}")
+    return BatchPlan(total, world_size, accum)
+
+
+def plan_of(cfg, world_size: int) -> BatchPlan:
+    """The ``BatchPlan`` of a loaded training config on ``world_size`` processes."""
+    accum = OmegaConf.select(cfg, "train.grad_accum_steps", default=1)
+    return batch_plan(cfg.dataloader.train.total_batch_size, world_size, accum)
+
+
+def _amp(cfg) -> str:
+    if not OmegaConf.select(cfg, "train.amp.enabled", default=False):
+        return "off (fp32)"
+    precision = OmegaConf.select(cfg, "train.amp.precision", default="bf16")
+    return "fp16 with a GradScaler (detectron2's AMPTrainer)" if precision in ("fp16", "float16") else \
+        f"{precision} (no grad scaling)"
+
+
+def _recipe(cfg) -> str:
+    for key in RECIPE_KEYS:
+        node = OmegaConf.select(cfg, key, default=None)
+        if node is not None and "recipe" in node:
+            return f"{node.get('net')} recipe={node.recipe}"
+    return "not a winpos backbone"
+
+
+def _epochs(cfg, plan: BatchPlan, epoch_images: int | None) -> str:
+    names = OmegaConf.select(cfg, "dataloader.train.dataset.names", default=None)
+    if epoch_images is None and names == "coco_2017_train":
+        epoch_images = COCO_EPOCH_IMAGES
+    if not epoch_images:
+        return "unknown here (dataset size is known once it is loaded)"
+    return f"{cfg.train.max_iter * plan.total / epoch_images:.1f} of {epoch_images} images"
+
+
+def start_up_block(cfg, world_size: int, device: str = "cuda", epoch_images: int | None = None) -> str:
+    """The run's plan in one block (raises WinposError, as ``batch_plan``, for a batch that cannot be made)."""
+    plan = plan_of(cfg, world_size)
+    procs = f"{world_size} GPU{'s' if world_size > 1 else ''}" if str(device).startswith("cuda") else \
+        f"{world_size} CPU process{'es' if world_size > 1 else ''}"
+    rows = [
+        ("processes", procs),
+        ("images per GPU per micro-batch", plan.per_gpu),
+        ("accumulation steps", plan.accum),
+        ("total batch", f"{plan.total} = {world_size} x {plan.accum} x {plan.per_gpu}"),
+        ("iterations", cfg.train.max_iter),
+        ("epochs", _epochs(cfg, plan, epoch_images)),
+        ("AMP", _amp(cfg)),
+        ("init checkpoint", OmegaConf.select(cfg, "train.init_checkpoint", default="") or "none (random init)"),
+        ("backbone", _recipe(cfg)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(["training plan:"] + [f"  {k:<{width}}  {v}" for k, v in rows])
+
+
+def check_before_launch(args) -> None:
+    """Refuse, before any process starts, a total batch that ``--num-gpus x --num-machines`` processes and the
+    config's accumulation cannot make (a refusal inside launched processes would be one traceback per rank)."""
+    if getattr(args, "eval_only", False):
+        return
+    from winpos.d2.config import load_config
+
+    cfg = load_config(args.config_file, args.opts)
+    plan_of(cfg, args.num_gpus * args.num_machines)
