@@ -15,8 +15,6 @@ import sys
 import warnings
 from typing import Callable, Iterable
 
-import torch
-
 __all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "check_choice", "check_finite", "as_hw",
            "run_cli",
            "ArgumentParser", "positive_int", "nonnegative_int", "finite_float", "int_list", "number_list", "seed_list", "late_flags",
@@ -48,8 +46,11 @@ def check_choice(name: str, value: str, choices: Iterable[str]) -> str:
     return value
 
 
-def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Raise if ``tensor`` holds NaN or inf (a corrupt or diverged embedding would otherwise spread silently)."""
+def check_finite(name: str, tensor):
+    """Raise if ``tensor`` (a torch tensor) holds NaN or inf (a corrupt or diverged embedding would otherwise spread
+    silently)."""
+    import torch  # here, not at the top: the command-line tools import this module before parsing (fast --help)
+
     if not torch.isfinite(tensor).all():
         bad = int((~torch.isfinite(tensor)).sum())
         raise WinposError(
@@ -99,11 +100,37 @@ def as_hw(value, name: str = "size") -> tuple[int, int]:
 # command line
 
 
+# Upstream warnings that say nothing a winpos user can act on: (message regex, category). Each names the package
+# that prints it; anything not listed here is still shown.
+QUIET_WARNINGS = (
+    (r".*torch\.jit\.script.* is deprecated", FutureWarning),  # detectron2 on import
+    (r".*torch\.jit\.script.* is deprecated", DeprecationWarning),
+    (r"torch\.meshgrid: in an upcoming release", UserWarning),  # detectron2's anchor generator
+    (r"Importing from timm\.models\.layers is deprecated", FutureWarning),  # hiera-transformer imports old timm
+)
+QUIET_LOGGERS = {"torch.fx._symbolic_trace": "is_fx_tracing will return true"}  # detectron2's fx wrap check
+
+
+class _DropMessage:
+    def __init__(self, start: str):
+        self.start = start
+
+    def filter(self, record) -> bool:
+        return not str(record.msg).startswith(self.start)
+
+
 def quiet_third_party_warnings() -> None:
-    """Hide the deprecation warnings other packages print on import (``torch.jit.script`` in detectron2), which
-    every tool would otherwise print before its own output."""
-    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated", category=FutureWarning)
-    warnings.filterwarnings("ignore", message=r".*torch\.jit\.script.* is deprecated", category=DeprecationWarning)
+    """Hide the upstream warnings in ``QUIET_WARNINGS`` / ``QUIET_LOGGERS`` (deprecations inside detectron2, torch
+    and hiera-transformer), which every tool would otherwise print before its own output. The one place they are
+    filtered; safe to call more than once."""
+    import logging
+
+    for message, category in QUIET_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category)
+    for name, start in QUIET_LOGGERS.items():
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessage) and f.start == start for f in log.filters):
+            log.addFilter(_DropMessage(start))
 
 
 def _one_line(text: str) -> str:

@@ -15,7 +15,20 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_flags_stock_vitdet_config():
     r = diagnose(str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep.py"))  # recipe original: detectron2's ViTDet
     assert not r.ok and r.affected_blocks == [0, 1, 3, 4, 6, 7, 9, 10]
-    assert "14x14 -> 64x64" in r.text() and "abswin" in r.fix
+    assert "14x14 -> 64x64" in r.text() and "--to vitdet_b" in r.fix and "PRESET" not in r.fix
+
+
+def test_the_printed_fix_works_when_pasted():
+    """The override the doctor prints for a config, and the --recipe it prints for a preset, make it pass."""
+    import re
+
+    cfg = str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep.py")
+    override = re.search(r"add the override (\S+=\S+)", diagnose(cfg).fix).group(1)
+    assert override == "model.backbone.net.recipe=paper"
+    assert diagnose(cfg, overrides=[override]).ok
+    fix = diagnose("vitdet_b", 448).fix
+    flags = re.search(r"posemb_viz\.py doctor vitdet_b (--recipe \S+)", fix).group(1).split()
+    assert not diagnose("vitdet_b", 448).ok and diagnose("vitdet_b", 448, recipe=flags[1]).ok
 
 
 @pytest.mark.parametrize("cfg,recipe", [("mask_rcnn_vitdet_b_100ep.py", "paper"),
@@ -44,6 +57,11 @@ def test_cli_exit_codes_and_errors():
                "model.backbone.net.recipe=paper").returncode == 0
     bad = run("doctor", "vitdet_q")
     assert bad.returncode == 2 and "vitdet_b" in bad.stderr  # unknown preset lists the real ones
+    # several targets in one process; one that cannot be checked is one error line and the others still run
+    many = run("doctor", str(ROOT / "configs/COCO/mask_rcnn_vitdet_b_100ep.py"),
+               str(ROOT / "configs/COCO/mask_rcnn_hieradet_t_100ep.py"), "vitdet_q", "hieradet_toy")
+    assert many.stdout.count("[BUG]") == 1 and many.stdout.count("[OK]") == 2, many.stdout
+    assert many.returncode == 2 and many.stderr.strip().count("\n") == 0 and "vitdet_q" in many.stderr
 
 
 def test_plot_cli_on_a_sam2_checkpoint(tmp_path):
@@ -68,5 +86,5 @@ def test_plot_cli_on_a_sam2_checkpoint(tmp_path):
     not_ckpt = tmp_path / "notes.pth"
     not_ckpt.write_text("hello")
     res = subprocess.run([sys.executable, str(ROOT / "tools/posemb_viz.py"), "plot", str(not_ckpt), "--out",
-                          str(out)], capture_output=True, text=True)
+                          str(tmp_path / "viz2")], capture_output=True, text=True)
     assert res.returncode == 2 and "notes.pth" in res.stderr

@@ -76,7 +76,7 @@ def test_timm_hiera_abswin_builds_at_native_and_other_sizes():
     G, Wn = torch.randn(1, C, 16, 16, generator=g), torch.randn(1, C, 8, 8, generator=g)
     info = only(effective_embeddings({"pos_embed": G, "pos_embed_win": Wn, "head.fc.weight": torch.zeros(2, C)}))
     assert (info.format, info.window, info.stride, info.image_hw) == ("timm_abswin", 8, 4, (256, 256))
-    assert info.abswin_source == "checkpoint" and "native size assumed" in info.notes[0]
+    assert info.abswin_source == "checkpoint" and info.native_from.startswith("assumed: the global grid x 16")
     torch.testing.assert_close(info.grid, loop_abswin(G[0], Wn[0], 64, 64, True), rtol=0, atol=1e-5)
     info = only(effective_embeddings({"pos_embed": G, "pos_embed_win": Wn}, resolution=300))
     assert info.grid.shape == (C, 75, 75)  # ceil(300 / 4): windows do not divide it, tiling still works
@@ -275,7 +275,7 @@ def test_analyze_numbers_and_verdicts():
     assert t448["grid_hw"] == [112, 112] and t448["naive"]["period_peak"] == 16
     assert t448["naive"]["ws_centred"] < 0.4 and t448["abswin"]["ws_centred"] == pytest.approx(1.0, abs=1e-6)
     assert "no longer see the same embedding" in t448["verdict"] and "convert_checkpoint" in t448["verdict"]
-    assert "essentially kept" in t224["verdict"]
+    assert "kept:" in t224["verdict"] and "80% threshold" in t224["verdict"]
 
 
 def test_run_posemb_viz_end_to_end(tmp_path):

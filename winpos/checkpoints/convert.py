@@ -286,7 +286,8 @@ class _Run:
                    "pos_embed='abswin' to keep it")
         else:
             why = (f"global embedding resized {tuple(g.shape[-2:])} -> {want} (bicubic{', antialiased' if shrink else ''}"
-                   f"; lossy: build the model with a {g.shape[-2]}x{g.shape[-1]} global grid to keep it exact)")
+                   f"; lossy: to keep it exact, convert with --pos-global-size {g.shape[-2]} (pos_global_size="
+                   f"{g.shape[-2]}) and build the model with the same pos_global_size)")
         self.report.add_reshaped(GLOBAL, why)
 
     def _check_abswin_channels(self, pos: Position) -> None:

@@ -8,7 +8,8 @@ import os
 
 import torch
 
-from winpos.diagnostics.doctor import DoctorReport, build_checked, check_image_size, diagnose_backbone, diagnose_preset
+from winpos.diagnostics.doctor import (DoctorReport, build_checked, check_image_size, diagnose_backbone, diagnose_preset,
+                                      fix_text)
 from winpos.errors import MissingInputError, WinposError, as_hw
 
 
@@ -22,13 +23,23 @@ def diagnose(target: str, image_size: int | None = None, recipe: str | None = No
     if not os.path.isfile(target):
         raise MissingInputError(f"config {target} does not exist; pass a LazyConfig file such as "
                                 "configs/COCO/mask_rcnn_vitdet_b_100ep.py, or a preset name")
-    net, default_size, name = _build_from_config(target, overrides, recipe)
-    return diagnose_backbone(net, image_size or default_size, name)
+    net, default_size, name, preset, key = _build_from_config(target, overrides, recipe)
+    return diagnose_backbone(net, image_size or default_size, name, fix=fix_text(preset, target, key))
+
+
+def diagnose_many(targets, image_size: int | None = None, recipe: str | None = None, overrides=()):
+    """``diagnose`` each target in one process; yields ``(target, DoctorReport or None, error message or None)``:
+    a target that cannot be checked gets its one-line error and the others are still checked."""
+    for target in targets:
+        try:
+            yield target, diagnose(target, image_size, recipe, overrides), None
+        except (WinposError, OSError) as e:
+            yield target, None, f"{target}: {' '.join(str(e).split())}"
 
 
 def _build_from_config(path: str, overrides=(), recipe: str | None = None):
-    """Return (winpos backbone on the meta device, default image size, name) from a LazyConfig file, with the
-    backbone's recipe replaced by ``recipe`` unless it is None."""
+    """Return (winpos backbone on the meta device, default image size, name, preset, the recipe's override key)
+    from a LazyConfig file, with the backbone's recipe replaced by ``recipe`` unless it is None."""
     from winpos.backbones import create
     from winpos.d2.config import load_config
 
@@ -36,7 +47,7 @@ def _build_from_config(path: str, overrides=(), recipe: str | None = None):
     node = cfg.get("model", {}).get("backbone") if hasattr(cfg.get("model", None), "get") else None
     for attr in ("net", "bottom_up"):
         if node is not None and attr in node and hasattr(node[attr], "get") and node[attr].get("recipe") is not None:
-            node = node[attr]
+            node, key = node[attr], f"model.backbone.{attr}.recipe"
             break
     else:
         raise WinposError(f"{path}: no winpos backbone node (model.backbone.net or model.backbone.bottom_up with "
@@ -48,4 +59,5 @@ def _build_from_config(path: str, overrides=(), recipe: str | None = None):
                                                          "norm")}
     with torch.device("meta"):
         net = build_checked(create, node["net"], node["recipe"], kwargs, f"{path}")
-    return net, max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"{path} ({node['net']}, recipe {node['recipe']})"
+    return (net, max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"{path} ({node['net']}, recipe "
+            f"{node['recipe']})", node["net"], key)

@@ -19,7 +19,7 @@ import torch
 from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
-__all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport"]
+__all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport", "fix_text"]
 
 
 @dataclass
@@ -50,8 +50,25 @@ def _window_blocks(net) -> list[tuple[int, int]]:
     return [(i, blk.attn.window_size) for i, blk in enumerate(net.blocks) if blk.attn.window_size]
 
 
-def diagnose_backbone(net, image_size: int, name: str = "model") -> DoctorReport:
-    """Check one winpos backbone (HieraDet or ViTDet) at a square ``image_size``."""
+def fix_text(preset: str | None = None, config: str | None = None, recipe_key: str | None = None) -> str:
+    """The fix for an interpolated absolute embedding, as things to paste: the config override (or the doctor's
+    ``--recipe`` for a preset) that selects the abs-win recipe, and the converter command with the preset filled in
+    (CKPT / OUT are the user's files)."""
+    to = preset or "PRESET"
+    convert = f"python tools/convert_checkpoint.py --input CKPT --output OUT.safetensors --to {to} --recipe paper"
+    if config and recipe_key:
+        use = (f"add the override {recipe_key}=paper (abs-win), e.g. python tools/train_net.py --config-file {config} "
+               f"{recipe_key}=paper")
+    elif preset:
+        use = f"build it with recipe paper (abs-win): python tools/posemb_viz.py doctor {preset} --recipe paper"
+    else:
+        use = "build it with recipe='paper' (abs-win)"
+    return f"{use}\n       and convert its checkpoint on import: {convert}"
+
+
+def diagnose_backbone(net, image_size: int, name: str = "model", fix: str | None = None) -> DoctorReport:
+    """Check one winpos backbone (HieraDet or ViTDet) at a square ``image_size``. ``fix``: the fix to print when the
+    bug is present (``fix_text``; default: the generic one)."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
         raise WinposError(f"image_size={image_size!r} must be a positive number of pixels, e.g. 1024")
     stride = _stride(net)
@@ -88,8 +105,7 @@ def diagnose_backbone(net, image_size: int, name: str = "model") -> DoctorReport
         f"{len(windows)} window blocks ({', '.join(str(i) for i, _ in windows)}) attend in "
         f"{'/'.join(str(s) for s in sizes)}-token windows, but the embedding's pattern is stretched by x{scale:.3g}: "
         "windows no longer see the same embedding (Bolya et al. 2024)")
-    report.fix = ("use recipe='paper' (abs-win) or convert the checkpoint on import: "
-                  "tools/convert_checkpoint.py --input CKPT --output OUT --to PRESET --pos-embed abswin")
+    report.fix = fix or fix_text()
     return report
 
 
@@ -140,7 +156,8 @@ def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "o
     with torch.device("meta"):
         net = build_checked(create, preset, recipe, kwargs, f"preset {preset}")
     default_size = max(as_hw(kwargs.get("img_size", 1024), "img_size"))
-    return diagnose_backbone(net, image_size or default_size, f"preset {preset} (recipe {recipe})")
+    return diagnose_backbone(net, image_size or default_size, f"preset {preset} (recipe {recipe})",
+                             fix=fix_text(preset))
 
 
 def check_image_size(image_size) -> None:

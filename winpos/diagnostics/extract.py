@@ -26,7 +26,8 @@ __all__ = ["EmbeddingInfo", "FORMATS", "effective_embeddings"]
 
 
 _NATIVE_PX = {Format.SAM2: 1024, Format.WINPOS: 1024}  # SAM2 trains every size at 1024 px; winpos targets detection
-
+_NATIVE_WHY = {Format.SAM2: "SAM2 trains at 1024 px", Format.WINPOS: "assumed: the detection size; pass --native-size "
+               "(resolution=) or keep the run's config.yaml next to the checkpoint"}
 
 
 @dataclass
@@ -44,6 +45,9 @@ class EmbeddingInfo:
         global_embed / window_embed: abs-win parts ``(C, gh, gw)`` / ``(C, w, w)``, or None if no full window fits.
         abswin_source: "checkpoint" (the model is abs-win) or "projection" (parts computed from ``grid``).
         notes: caveats worth showing the user.
+        native_from: where ``image_hw`` came from (the stored grid and patch size, the run's config.yaml, a flag,
+            the format's training size, or an assumption), printed with every report.
+        presets: winpos presets whose embedding width and depth match the checkpoint (for ``--to``).
     """
 
     name: str
@@ -58,6 +62,8 @@ class EmbeddingInfo:
     abswin_source: str | None = None
     notes: list[str] = field(default_factory=list)
     source: str = "<object>"
+    native_from: str = ""
+    presets: list[str] = field(default_factory=list)
 
     def grid_hw_for(self, image_px) -> tuple[int, int]:
         """Token grid ``(H, W)`` for an image of ``image_px`` (int or ``(h, w)``) pixels."""
@@ -93,10 +99,58 @@ def _adapted_position(sd: dict, fmt: Format):
         pos.grid_key = "pos_embed_spatial"
     patch = adapted.trunk.get("patch_embed.proj.weight", (None, None))[1]
     kernel = int(patch.shape[-1]) if isinstance(patch, torch.Tensor) and patch.dim() == 4 else None
-    return pos, kernel, prefix
+    blocks = {int(k.split(".")[1]) for k in adapted.trunk if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    return pos, kernel, prefix, (max(blocks) + 1 if blocks else None)
 
 
-def _build(pos, kernel: int | None, prefix: str, fmt: Format, window: int | None, resolution) -> EmbeddingInfo:
+def matching_presets(fmt: Format, channels: int, depth: int | None) -> list[str]:
+    """winpos presets of the checkpoint's architecture with its embedding width (and depth, when known)."""
+    from winpos.backbones import hieradet, vitdet
+
+    tables = [t for t, ok in ((hieradet.SIZES, fmt.is_hiera), (vitdet.SIZES, fmt.is_vit)) if ok]
+    found = []
+    for table in tables:
+        for name, size in table.items():
+            d = size.get("depth") or sum(size.get("stages", ()))
+            if size["embed_dim"] == channels and (depth is None or d == depth):
+                found.append(name)
+    return found
+
+
+def native_size_from_config(checkpoint) -> tuple[int, str] | None:
+    """The training image size recorded in the ``config.yaml`` that winpos's trainer writes next to its checkpoints
+    (``dataloader.train.mapper.image_size``, else the backbone's ``img_size``), with where it was read; None when
+    there is no such file or size."""
+    import yaml
+
+    path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "config.yaml")
+    if not os.path.isfile(path):
+        return None
+    class _Loader(yaml.SafeLoader):  # read as data: python tags (detectron2's ShapeSpec) become None, never objects
+        pass
+
+    _Loader.add_multi_constructor("", lambda loader, suffix, node: None)
+    try:
+        with open(path) as f:
+            cfg = yaml.load(f, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass that builds no objects
+    except (OSError, yaml.YAMLError):
+        return None
+
+    def get(*keys):
+        node = cfg
+        for k in keys:
+            node = node.get(k) if isinstance(node, dict) else None
+        return node if isinstance(node, int) and not isinstance(node, bool) and node > 0 else None
+
+    for keys in (("dataloader", "train", "mapper", "image_size"), ("model", "backbone", "bottom_up", "img_size"),
+                 ("model", "backbone", "net", "img_size")):
+        if get(*keys):
+            return get(*keys), f"{'.'.join(keys)} in {path}"
+    return None
+
+
+def _build(pos, kernel: int | None, prefix: str, fmt: Format, window: int | None, resolution,
+           native_hint: tuple[int, str] | None = None) -> EmbeddingInfo:
     spec = fmt.spec
     notes: list[str] = []
     gparts = None
@@ -114,16 +168,24 @@ def _build(pos, kernel: int | None, prefix: str, fmt: Format, window: int | None
 
     if gparts is not None:
         g, win = gparts
-        native = _NATIVE_PX.get(fmt, g.shape[-1] * 4 * stride)  # timm abswin: global grid at 1/16 of the image
-        px = as_hw(resolution if resolution is not None else native, "resolution")
+        if resolution is not None:
+            native, native_from = resolution, "given (--native-size / resolution=)"
+        elif native_hint is not None:
+            native, native_from = native_hint
+        elif fmt in _NATIVE_PX:
+            native, native_from = _NATIVE_PX[fmt], _NATIVE_WHY[fmt]
+        else:  # timm abswin: the global grid at 1/16 of the image
+            native = g.shape[-1] * 4 * stride
+            native_from = ("assumed: the global grid x 16 (timm's abs-win layout); pass --native-size "
+                           "(resolution=) to change it")
+        px = as_hw(native, "resolution")
         rnd = math.ceil if spec.ceil_grid else math.floor
         hw = (rnd(px[0] / stride), rnd(px[1] / stride))
         grid = abswin_embed(g, win, hw, antialias=spec.antialias)
-        if resolution is None and fmt not in _NATIVE_PX:
-            notes.append(f"native size assumed {px[0]} px (global grid x 16); pass resolution= to change it")
         source = "checkpoint"
     else:
         px = (grid.shape[1] * stride, grid.shape[2] * stride)
+        native_from = f"the stored {grid.shape[1]}x{grid.shape[2]} grid x patch size {stride} px"
         if resolution is not None and as_hw(resolution, "resolution") != px:
             raise WinposError(
                 f"'{name}' is stored at a fixed {grid.shape[1]}x{grid.shape[2]} grid ({px[0]}x{px[1]} px), so "
@@ -141,6 +203,7 @@ def _build(pos, kernel: int | None, prefix: str, fmt: Format, window: int | None
         image_hw=tuple(int(v) for v in px), antialias=spec.antialias,
         global_embed=None if gparts is None else gparts[0].float(),
         window_embed=None if gparts is None else gparts[1].float(), abswin_source=source, notes=notes,
+        native_from=native_from,
     )
 
 
@@ -152,8 +215,9 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
         obj_or_path: a checkpoint path (read safely with ``winpos.checkpoints.io``) or an already loaded object
             (container or flat state dict of tensors).
         format: ``"auto"`` (``detect`` tells it) or one of ``FORMATS``; forces the interpretation of the keys.
-        resolution: image size in px (int or pair) at which abs-win families build their grid (SAM2: 1024 by
-            default). Stored-grid families only accept their own size here.
+        resolution: the native image size in px (int or pair) at which abs-win families build their grid. None:
+            the training size in the run's ``config.yaml`` beside a checkpoint file, else the format's (SAM2:
+            1024). Stored-grid families only accept their own size here (their grid and patch size give it).
         window: window size override in tokens (e.g. 56 for SAM2's 224-px super-window).
     Returns:
         A list with the ``EmbeddingInfo`` of the backbone's token embedding (empty never: no embedding raises).
@@ -177,7 +241,7 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
         except ValueError as e:
             raise WinposError(f"no absolute position embedding found in checkpoint '{source}': {e}") from None
     try:
-        pos, kernel, prefix = _adapted_position(sd, fmt)
+        pos, kernel, prefix, depth = _adapted_position(sd, fmt)
     except ValueError as e:  # the forced format's adapter found the keys in another form
         if format == "auto":
             raise
@@ -185,8 +249,10 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
                           f"{e}") from None
     infos = []
     if pos is not None:
-        info = _build(pos, kernel, prefix, fmt, window, resolution)
+        hint = native_size_from_config(source) if source != "<object>" else None
+        info = _build(pos, kernel, prefix, fmt, window, resolution, hint)
         info.source = source
+        info.presets = matching_presets(fmt, int(info.grid.shape[0]), depth)
         infos.append(info)
     if not infos:
         pos = [f"{k} {tuple(sd[k].shape)}" for k in sd if "pos" in k.lower()][:10]

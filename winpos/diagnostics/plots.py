@@ -184,7 +184,11 @@ def plot_period_scan(panels: Sequence[Panel], window: int, stride: int, path, ti
         if pre is not None:
             scan = _scan_from_dict(pre)
         else:
-            scan = period_scan(E, range(2, top + 1), centred=True, max_side=SCAN_MAX_SIDE)
+            try:
+                scan = period_scan(E, range(2, top + 1), centred=True, max_side=SCAN_MAX_SIDE)
+            except ValueError:  # constant over positions (zero-initialized): no curve to draw
+                ax.plot([], [], label=f"{label}: constant over positions, no period to scan")
+                continue
         peak_ws = float(scan.ws[list(scan.periods).index(scan.peak)])
         clear = peak_ws >= CLEAR_PERIOD_WS
         crop = f"; top-left {SCAN_MAX_SIDE}x{SCAN_MAX_SIDE} scanned" if max(E.shape[1:]) > SCAN_MAX_SIDE else ""
@@ -255,13 +259,14 @@ def plot_window_similarity(panels: Sequence[Panel], window: int, path, title: st
 def states_at(info: EmbeddingInfo, image_px) -> list[Panel]:
     """The grids to compare at ``image_px``: native, naive interpolation, and abs-win (when it has parts)."""
     hw = info.grid_hw_for(image_px)
+    same = " (= native: same size)" if tuple(hw) == tuple(info.grid.shape[1:]) else ""
     panels: list[Panel] = [("native", info.grid),
-                           ("naive bicubic interpolation" + (" (antialias)" if info.antialias else ""),
+                           ("naive bicubic interpolation" + (" (antialias)" if info.antialias else "") + same,
                             naive_resize(info.grid, hw, antialias=info.antialias))]
     ab = info.abswin_at(hw)
     if ab is not None:
-        kind = "abs-win" if info.abswin_source == "checkpoint" else "abs-win (converted)"
-        panels.append((kind, ab))
+        kind = "abs-win (this model)" if info.abswin_source == "checkpoint" else "abs-win (converted)"
+        panels.append((kind + same, ab))
     return panels
 
 
@@ -274,7 +279,9 @@ def plot_all(info: EmbeddingInfo, image_px, out_dir, tag: str, window: int | Non
     w = window or info.window
     panels = states_at(info, image_px)
     out = Path(out_dir)
-    name = f"{info.format}: {info.name} (window {w} tokens = {w * info.stride} px)"
+    h, wd = info.image_hw
+    name = (f"{info.format}: {info.name} (window {w} tokens = {w * info.stride} px)\n"
+            f"native size {h}x{wd} px ({info.native_from or 'from the checkpoint'})")
     files = plot_embedding_grids(panels, w, info.stride, out / f"{tag}_embedding.png", name, pdf=pdf)
     files += plot_period_scan(panels, w, info.stride, out / f"{tag}_period_scan.png", name, pdf=pdf, scans=scans)
     files += plot_window_similarity(panels, w, out / f"{tag}_window_similarity.png", name, pdf=pdf)
