@@ -14,6 +14,7 @@ import importlib.util
 from .attention_fwd_bwd import Plan, WindowAttentionFunction, attention_flops
 from .launch_config import default_blocks
 from .rope import RopeGridFunction, rope_grid, rotate_on_grid
+from .self_check import KernelSelfCheckWarning, self_check_report, set_self_check
 
 TRITON_INSTALLED = importlib.util.find_spec("triton") is not None
 
@@ -26,5 +27,6 @@ else:
                               "use winpos.attention with backend='reference' meanwhile")
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["Plan", "RopeGridFunction", "TRITON_INSTALLED", "WindowAttentionFunction", "attention_flops",
-           "default_blocks", "prefers_kernels", "rope_grid", "rotate_on_grid", "window_attention"]
+__all__ = ["KernelSelfCheckWarning", "Plan", "RopeGridFunction", "TRITON_INSTALLED", "WindowAttentionFunction",
+           "attention_flops", "default_blocks", "prefers_kernels", "rope_grid", "rotate_on_grid", "self_check_report",
+           "set_self_check", "window_attention"]

@@ -9,6 +9,7 @@ only when a kernel is first launched.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import threading
@@ -133,6 +134,30 @@ def launch(kernel, grid, **kwargs) -> None:
                 os.environ.pop("TRITON_INTERPRET", None)
             else:
                 os.environ["TRITON_INTERPRET"] = old
+
+
+def on_device(t: torch.Tensor):
+    """A device guard for a launch on ``t``: Triton launches on the *current* CUDA device and its stream, so a
+    tensor on cuda:1 while cuda:0 is current would be read by a kernel on the wrong device (an illegal address) or
+    ordered on the wrong stream. A no-op off CUDA."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
+# Test hook: a deliberately broken kernel. ``WINPOS_KERNEL_FAULT=<kernel>[,<kernel>...]`` (read at import; or set
+# ``FAULTS``) perturbs the named kernels' outputs after each launch ("fwd": the forward's output, "dq", "dkdv": the
+# backward's dq / dk, "rope": the standalone RoPE kernel's), so the self-check, the tests and the GPU check can be
+# shown to catch a wrong kernel. Empty, the default, costs one set lookup per launch.
+FAULT_KERNELS = ("fwd", "dq", "dkdv", "rope")
+FAULTS = frozenset(k.strip() for k in os.environ.get("WINPOS_KERNEL_FAULT", "").split(",") if k.strip())
+if FAULTS - set(FAULT_KERNELS):
+    raise ValueError(f"WINPOS_KERNEL_FAULT={os.environ['WINPOS_KERNEL_FAULT']!r} names unknown kernels "
+                     f"{sorted(FAULTS - set(FAULT_KERNELS))}; choose from {', '.join(FAULT_KERNELS)} or unset it")
+
+
+def fault(kernel: str, out: torch.Tensor) -> None:
+    """Perturb ``out`` in place when ``kernel`` is in ``FAULTS`` (the test hook above)."""
+    if FAULTS and kernel in FAULTS:
+        out.add_(0.25)
 
 
 def eager(t: torch.Tensor) -> bool:

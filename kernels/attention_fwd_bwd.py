@@ -120,6 +120,31 @@ def _grid_strides(prefix: str, t: Tensor, unit: int) -> dict:
             f"{prefix}_n": s[3] // unit}
 
 
+def _check_rel(rel: Tensor, plan: Plan, columns: int) -> None:
+    """The packed relpos terms as the kernels read them: contiguous rows of ``columns``, within the int32 offsets
+    of one window (its gradient ``drel`` has the same layout), and 4-byte aligned when 16-bit (``rel_h`` columns
+    are read as 4-byte words: a misaligned word faults on a GPU, never under the interpreter)."""
+    if not rel.is_contiguous() or rel.shape[-1] != columns:
+        raise ValueError(f"the packed relpos terms must be contiguous with {columns} columns ([rel_h | rel_w] "
+                         f"zero-padded to powers of two), got {tuple(rel.shape)} with strides {rel.stride()}")
+    extent = tuple(rel.shape[1:3]) if plan.pack > 1 else (plan.qwh, plan.qww)
+    check_window_offsets("the packed relpos terms (and their gradient)", rel, extent)
+    if rel.element_size() == 2 and rel.data_ptr() % 4:
+        raise ValueError(f"the packed 16-bit relpos terms start at byte address {rel.data_ptr()}, not a multiple of "
+                         "4 (the kernels read them as 4-byte words); pass a fresh tensor (rel.clone()), not a view "
+                         "at an odd element offset")
+
+
+def _check_tables(cos: Optional[Tensor], sin: Optional[Tensor], name: str) -> None:
+    """The kernels read a sin table with its cos table's strides: both must have one shape and one layout."""
+    if cos is None:
+        return
+    if sin is None or sin.shape != cos.shape or _table_strides(sin) != _table_strides(cos):
+        got = None if sin is None else (tuple(sin.shape), sin.stride())
+        raise ValueError(f"RoPE sin_{name} {got} must have cos_{name}'s shape and strides {tuple(cos.shape)} "
+                         f"{cos.stride()} (the kernels read both with one set of strides); make both contiguous")
+
+
 def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls, plan: Plan, scale: float,
                  unit: int = 1):
     """Keyword arguments shared by the three attention kernels; q/k/v strides in units of ``unit`` elements."""
@@ -133,9 +158,10 @@ def _kernel_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, til
         check_pack(plan, q, k, v)
     # Without relpos the extents are irrelevant: one value keeps one compiled variant for every window size.
     kh_p, kw_p = (pow2(plan.kwh), pow2(plan.kww)) if rel is not None else (16, 16)
-    if rel is not None and (not rel.is_contiguous() or rel.shape[-1] != kh_p + kw_p):
-        raise ValueError(f"the packed relpos terms must be contiguous with {kh_p + kw_p} columns ([rel_h | rel_w] "
-                         f"zero-padded to {kh_p} + {kw_p}), got {tuple(rel.shape)} with strides {rel.stride()}")
+    if rel is not None:
+        _check_rel(rel, plan, kh_p + kw_p)
+    _check_tables(cos_q, sin_q, "q")
+    _check_tables(cos_k, sin_k, "k")
     dummy = lse  # never dereferenced: the matching constexpr flag is off
     head_dim = q.shape[-1]
     fp32 = q.dtype == torch.float32
@@ -215,8 +241,10 @@ def _launch_fwd_signed(q, k, v, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, ti
         static = dict(_static(args), **_grid_strides("so", out, unit), **launch_options(args, backward=False))
         hit = remember(key, ((B * plan.n_programs, plan.n_qt, heads), static))
     grid, static = hit
-    _jit.launch(kern.attn_fwd, grid, O=out, **_tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes,
-                                                           tile_cls), **static)
+    with _jit.on_device(q):  # Triton launches on the current device, not q's
+        _jit.launch(kern.attn_fwd, grid, O=out, **_tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov,
+                                                               slopes, tile_cls), **static)
+    _jit.fault("fwd", out)
     return out, lse, sig
 
 
@@ -253,9 +281,12 @@ def _launch_bwd(do, q, k, v, out, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slo
         hit = remember(key, ((groups, plan.n_qt, heads), static_dq, (groups, plan.n_kt, heads), static_kv))
     grid_dq, static_dq, grid_kv, static_kv = hit
     tensors = _tensor_args(q, k, v, lse, cos_q, sin_q, cos_k, sin_k, rel, fov, slopes, tile_cls)
-    _jit.launch(kern.attn_bwd_dq, grid_dq, O=out, DO=do, DELTA=delta, DQ=dq, DREL=lse if rel is None else drel,
-                **tensors, **static_dq)
-    _jit.launch(kern.attn_bwd_dkdv, grid_kv, DO=do, DELTA=delta, DK=dk, DV=dv, **tensors, **static_kv)
+    with _jit.on_device(q):
+        _jit.launch(kern.attn_bwd_dq, grid_dq, O=out, DO=do, DELTA=delta, DQ=dq, DREL=lse if rel is None else drel,
+                    **tensors, **static_dq)
+        _jit.launch(kern.attn_bwd_dkdv, grid_kv, DO=do, DELTA=delta, DK=dk, DV=dv, **tensors, **static_kv)
+    _jit.fault("dq", dq)
+    _jit.fault("dkdv", dk)
     return dq, dk, dv, drel
 
 
@@ -324,6 +355,7 @@ class WindowAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward kernels have no derivative of their own
     def backward(ctx, do):
         dq, dk, dv, drel = _attention_backward(ctx.saved_tensors, ctx.geom, ctx.scale, do, ctx.needs_input_grad[3],
                                                ctx.sig)

@@ -20,6 +20,7 @@ import functools
 
 import torch
 
+from . import self_check
 from .attention_fwd_bwd import Plan, attention
 from .launch_config import default_blocks, default_pack, pow2
 from .rope import rotate_on_grid
@@ -152,7 +153,23 @@ def _rel_inputs(rel_pos, q, q_win, k_win):
 
 
 def _lookhere_inputs(lh, q_win, k_win, heads, blocks, device):
-    """(fov int32 (heads, 4), slopes fp32, compacted tile lists), cached while the module's buffers are unchanged."""
+    """``_lookhere_tables`` behind ``torch.compiler.disable``, wrapped on first use (importing torch's compiler
+    at ``import winpos.kernels`` would import triton)."""
+    global _LOOKHERE_EAGER
+    if _LOOKHERE_EAGER is None:
+        _LOOKHERE_EAGER = torch.compiler.disable(_lookhere_tables)
+    return _LOOKHERE_EAGER(lh, q_win, k_win, heads, blocks, device)
+
+
+_LOOKHERE_EAGER = None
+
+
+def _lookhere_tables(lh, q_win, k_win, heads, blocks, device):
+    """(fov int32 (heads, 4), slopes fp32, compacted tile lists), cached while the module's buffers are unchanged.
+
+    Never traced: the tile classes take a ``nonzero`` (a host sync), and ``winpos.cache`` does not cache while
+    ``torch.compile`` traces, so a traced copy would recompute them in every compiled forward (and fail inside a
+    CUDA-graph capture); eagerly they are built once per grid and looked up afterwards."""
     fov, slopes = lh.fov, lh.slopes
     cls = lh.tile_classes(q_win, k_win, blocks[0], blocks[1]) if hasattr(lh, "tile_classes") else None
     sources = (fov, slopes) if cls is None else (fov, slopes, cls)
@@ -233,8 +250,19 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     Returns:
         ``(B, Hq, Wq, heads, D)`` in q's dtype.
 
-    D may be any size in 16..128; float16/bfloat16/float32 (no bfloat16 under the CPU interpreter).
+    D may be any size in 16..128; float16/bfloat16/float32 (no bfloat16 under the CPU interpreter). The first
+    eager call of each launch signature checks the kernels against the reference (``winpos.kernels.self_check``).
     """
+    return _fused(q, k, v, window, pos, valid_hw, pad_mode, scale, blocks, pack, True)
+
+
+def _unchecked(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros", scale=None, blocks=None,
+               pack=None):
+    """``window_attention`` without the first-use self-check (the check's own kernel run)."""
+    return _fused(q, k, v, window, pos, valid_hw, pad_mode, scale, blocks, pack, False)
+
+
+def _fused(q, k, v, window, pos, valid_hw, pad_mode, scale, blocks, pack, check):
     _check_qkv(q, k, v)
     rope = getattr(pos, "rope", None)
     rel_pos = getattr(pos, "rel_pos", None)
@@ -262,5 +290,15 @@ def window_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode=
     if lookhere is not None:
         fov, slopes, cls = _lookhere_inputs(lookhere, q_win, k_win, heads, blocks, q.device)
 
+    if check and self_check.enabled(q):
+        sig = self_check.Signature(q.device.type, str(q.dtype).replace("torch.", ""), D, q_win, k_win, not window,
+                                   pool, pack, bool(pad_mask), f"rot{rot_dims}/{'half' if half else 'interleaved'}"
+                                   if rot_dims else "", rel is not None, fov is not None, blocks)
+        verdict = self_check.RESULTS.get(sig)
+        if verdict is None and self_check.should_check(q):
+            verdict = self_check.run(sig, q, k, window, pos, valid_hw, pad_mode, scale, geometry, _unchecked)
+        if verdict is not None and not verdict.ok:
+            return self_check.reference()(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode,
+                                          scale=scale)
     plan = Plan(n_wh, n_ww, *q_win, *k_win, pool, qvh, qvw, kvh, kvw, pad_mask, rot_dims, int(half), *blocks, pack)
     return attention(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls, list(plan), scale)  # all ints

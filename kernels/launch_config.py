@@ -59,8 +59,31 @@ def launch_key(args: dict, backward: bool) -> tuple:
     return ("bwd" if backward else "fwd", args["BLOCK_M"], args["BLOCK_N"], args["BLOCK_D"], terms)
 
 
+SHARED_LIMIT = 232448  # bytes of shared memory one program may use on sm_90 (H100 / H200: 227 KB)
+
+
+def shared_estimate(key: tuple, num_stages: int) -> int:
+    """An upper estimate, in bytes, of the shared memory of the kernels under ``TUNED`` key ``key`` (the larger of
+    the two backward kernels for ``"bwd"``) with ``num_stages`` pipeline stages and 16-bit inputs (the fast path),
+    in units of one ``[max(BLOCK_M, BLOCK_N), BLOCK_D]`` 16-bit tile: two streamed tiles per stage (k and v; q and do
+    in the dK/dV pass), one resident tile (q) forward and two backward, RoPE tables one more per stage, relpos rows
+    and their one-hot operands 1.5 more per stage, and the per-row fp32 vectors. At 2 stages it bounds what every
+    sm_90a compile of the launches allocates (``tests/kernels/test_aot_compile.py`` checks it: 20-115 KB, up to 98%
+    of the estimate); ``set_tuned`` and the sweep refuse configurations over
+    ``SHARED_LIMIT``, which would fail only at launch on the GPU (OutOfResources)."""
+    kernel, bm, bn, bd, terms = key
+    side = max(bm, bn)
+    units = 2 * num_stages + (1 if kernel == "fwd" else 2)
+    if "rope" in terms:
+        units += num_stages
+    if "rel" in terms:
+        units += 1.5 * num_stages
+    return int(units * side * bd * 2) + num_stages * side * 8 + 1024
+
+
 def set_tuned(table: dict) -> None:
-    """Replace the tuned launch options (the sweep hook) and forget every cached launch that used the old ones."""
+    """Replace the tuned launch options (the sweep hook) and forget every cached launch that used the old ones.
+    Refuses malformed entries and options whose ``shared_estimate`` exceeds ``SHARED_LIMIT``."""
     for key, opts in table.items():
         if not (isinstance(key, tuple) and len(key) == 5 and key[0] in ("fwd", "bwd")):
             raise ValueError(f"tuned key {key!r} must be (kernel 'fwd'|'bwd', BLOCK_M, BLOCK_N, BLOCK_D, terms)")
@@ -68,6 +91,10 @@ def set_tuned(table: dict) -> None:
                 or not 1 <= opts["num_stages"] <= 6:
             raise ValueError(f"tuned options {opts!r} for {key} must be num_warps in 1..16 (a power of two) and "
                              "num_stages in 1..6")
+        need = shared_estimate(key, opts["num_stages"])
+        if need > SHARED_LIMIT:
+            raise ValueError(f"tuned options {opts!r} for {key} need about {need} bytes of shared memory, over the "
+                             f"{SHARED_LIMIT} an sm_90 program may use; use fewer stages or smaller tiles")
     TUNED.clear()
     TUNED.update(table)
     STATIC.clear()
@@ -115,5 +142,5 @@ def remember(key, value):
     return value
 
 
-__all__ = ["STATIC", "TUNED", "default_blocks", "default_pack", "launch_key", "launch_options", "pow2",
-           "remember", "set_tuned"]
+__all__ = ["SHARED_LIMIT", "STATIC", "TUNED", "default_blocks", "default_pack", "launch_key", "launch_options",
+           "pow2", "remember", "set_tuned", "shared_estimate"]

@@ -80,11 +80,13 @@ def _launch(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, half: bool, wind
     n_tokens = B * H * W
     grid = (-(-n_tokens // block_t), heads)
     sx, sy = x.stride(), y.stride()
-    _jit.launch(
-        kern.rope_grid_kernel, grid, X=x, Y=y, COS=cos, SIN=sin, sx_b=sx[0], sx_h=sx[1], sx_w=sx[2], sx_n=sx[3],
-        sy_b=sy[0], sy_h=sy[1], sy_w=sy[2], sy_n=sy[3], c_n=c_n, c_t=c_t, n_tokens=n_tokens, H=H, W=W,
-        WH=window_h, WW=window_w, HEAD_DIM=D, BLOCK_D=max(16, 1 << (D - 1).bit_length()), BLOCK_T=block_t,
-        ROT=rot_dims, HALF=half, CONJUGATE=conjugate, num_warps=4)
+    with _jit.on_device(x):  # Triton launches on the current device, not x's
+        _jit.launch(
+            kern.rope_grid_kernel, grid, X=x, Y=y, COS=cos, SIN=sin, sx_b=sx[0], sx_h=sx[1], sx_w=sx[2], sx_n=sx[3],
+            sy_b=sy[0], sy_h=sy[1], sy_w=sy[2], sy_n=sy[3], c_n=c_n, c_t=c_t, n_tokens=n_tokens, H=H, W=W,
+            WH=window_h, WW=window_w, HEAD_DIM=D, BLOCK_D=max(16, 1 << (D - 1).bit_length()), BLOCK_T=block_t,
+            ROT=rot_dims, HALF=half, CONJUGATE=conjugate, num_warps=4)
+    _jit.fault("rope", y)
     return y
 
 
@@ -115,6 +117,7 @@ class RopeGridFunction(torch.autograd.Function):
         return _rope_op(x)(x, cos, sin, rot_dims, half, window_h, window_w, False)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the kernel has no derivative of its own
     def backward(ctx, dy):
         cos, sin = ctx.saved_tensors
         dx = _rope_op(dy)(dy, cos, sin, *ctx.args, True)

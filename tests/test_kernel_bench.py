@@ -43,7 +43,7 @@ def test_xpart_baseline_is_the_same_attention():
     """The partition-x-once SDPA baseline (one copy of the projection output, pooled queries strided inside each
     window) computes what the per-tensor partition does, for every position term."""
     for shape in (bench.Shape("t", "w4_pool2", 2, (8, 8), 2, 16, 4, pool=2), bench.Shape("t", "w4", 1, (8, 12), 2, 16, 4)):
-        qkv = bench._inputs(shape, torch.float64, torch.device("cpu"))
+        qkv = bench.inputs(shape, torch.float64, torch.device("cpu"))
         for variant in bench.VARIANTS:
             pos = baselines.make_pos(shape, variant, "cpu")
             pos = pos if pos.rope is None and pos.rel_pos is None and pos.lookhere is None else type(pos)(
@@ -122,3 +122,40 @@ def test_sweep_packs_only_windows_that_fit_a_block():
     assert sweep_packs((64, 64), 49, 49, 1024) == (1, 2)
     assert sweep_packs((16, 16), 16, 64, 1024) == (1,)  # the key window does not fit one block
     assert sweep_packs((16, 16), 16, 16, 3) == (1, 2)  # no more than the image's windows
+
+
+def test_bench_modules_import_each_other_one_way():
+    """No import circle inside ``winpos.bench`` (lazy imports count): the kernel benchmark and its sweep share
+    shapes, inputs and timing through ``kernel_common``, which imports neither."""
+    import ast
+
+    bench_dir = ROOT / "winpos" / "bench"
+    graph = {}
+    for path in bench_dir.glob("*.py"):
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level == 1:
+                    deps |= {node.module} if node.module else {a.name for a in node.names}
+                elif node.module == "winpos.bench":
+                    deps |= {a.name for a in node.names}
+                elif (node.module or "").startswith("winpos.bench."):
+                    deps.add(node.module.split(".")[2])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[2] for a in node.names if a.name.startswith("winpos.bench.")}
+        graph[path.stem] = {d for d in deps if (bench_dir / f"{d}.py").is_file()} - {path.stem}
+
+    def cycle_from(start, node, seen):
+        for nxt in graph[node]:
+            if nxt == start:
+                return [node, nxt]
+            if nxt not in seen:
+                seen.add(nxt)
+                found = cycle_from(start, nxt, seen)
+                if found:
+                    return [node, *found]
+        return None
+
+    cycles = [c for c in (cycle_from(m, m, set()) for m in graph) if c]
+    assert cycles == [], f"import circles in winpos.bench: {cycles}"
+    assert "kernels" not in graph["kernel_sweep"] and "kernel_common" in graph["kernel_sweep"]

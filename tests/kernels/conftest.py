@@ -25,3 +25,16 @@ def _triton_can_run_here():
 @pytest.fixture(scope="session")
 def device() -> str:
     return "cpu" if INTERPRETING else "cuda"
+
+
+@pytest.fixture(autouse=True)
+def _kernels_without_their_self_check():
+    """These tests compare the kernels themselves with the reference: the first-use self-check
+    (``winpos.kernels.self_check``, on by default for CUDA tensors) would serve a broken signature by the reference
+    and hide it. ``test_self_check.py`` turns it on where it is the subject."""
+    from winpos.kernels import self_check
+
+    saved = self_check._MODE
+    self_check.set_self_check(False)
+    yield
+    self_check.set_self_check(saved)

@@ -111,7 +111,7 @@ if DEVICE == "cuda":  # bf16 arithmetic is wrong under the CPU interpreter, so i
               Case("global_bf16_lookhere", (16, 16), 4, 64, lookhere="45", dtype=torch.bfloat16, blocks=(64, 64))]
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c}-{str(c.dtype).replace('torch.', '')}")  # -k float32
 def test_kernel_matches_reference(case, device):
     errors = check_case(case)  # asserts closeness per tensor; returns the max abs error of each
     assert errors and all(e == e for e in errors.values())

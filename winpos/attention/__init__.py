@@ -90,8 +90,9 @@ def attention(q, k, v, *, window=None, pos: PositionTerms | None = None, valid_h
     check_choice("pad_mode", pad_mode, PAD_MODES)
     chosen = resolve_backend(backend, q.device, (q, k, v))
     if chosen == "triton":
-        from winpos.kernels import window_attention as triton_attention
+        from winpos.kernels import self_check, window_attention as triton_attention
 
+        self_check.set_reference(reference_attention)  # what the kernels' first-use self-check compares with
         return triton_attention(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode, scale=scale)
     if chosen == "flex":
         from winpos.attention.flex import flex_attention

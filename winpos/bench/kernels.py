@@ -36,133 +36,29 @@ the Triton interpreter, which Triton fixes at its first import in a process. Wit
 and runs the dry run (tiny shapes on CPU: it checks the benchmark end to end, its timings mean nothing).
 """
 import argparse
-import json
 import os
-import platform
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
-
-from winpos.windows import padded_size
+from dataclasses import asdict
 
 from .kernel_baselines import IMPLS, impl_fn, make_pos, unavailable
+from .kernel_common import (VARIANTS, Shape, dry_run_shapes, gpu_shapes, inputs, new_report, plan, time_fn,  # noqa: F401
+                            write)
 
-VARIANTS = ("none", "rope", "relpos", "lookhere")
 GPU_NEEDED = ("the kernel benchmark needs a CUDA GPU and none is available: running its --dry-run instead "
               "(tiny shapes under the Triton interpreter; it checks the benchmark end to end, the timings are "
               "meaningless)")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """One attention block: key grid (already padded to the window), queries pooled by ``pool``."""
-
-    model: str
-    block: str
-    batch: int
-    grid: tuple
-    heads: int
-    head_dim: int
-    window: int = None
-    pool: int = 1
-
-
-def gpu_shapes(batch: int = 2) -> list:
-    """Attention shapes at a 1024x1024 input (patch 16 for ViTDet, patch 4 + 2x pooling per stage for HieraDet-B+,
-    whose head_dim is 56 = 112 / 2)."""
-    g = 64
-    shapes = []
-    for model, heads in (("vitdet_b", 12), ("vitdet_l", 16)):
-        shapes += [Shape(model, "window14", batch, (padded_size(g, 14),) * 2, heads, 64, 14),
-                   Shape(model, "global", batch, (g, g), heads, 64)]
-    shapes += [
-        Shape("hieradet_b+", "s1_window8", batch, (256, 256), 2, 56, 8),
-        Shape("hieradet_b+", "s1to2_qpool_window8", batch, (256, 256), 4, 56, 8, pool=2),
-        Shape("hieradet_b+", "s2_window4", batch, (128, 128), 4, 56, 4),
-        Shape("hieradet_b+", "s3_window14", batch, (padded_size(g, 14),) * 2, 8, 56, 14),
-        Shape("hieradet_b+", "s3_global", batch, (g, g), 8, 56),
-        Shape("hieradet_b+", "s4_window7", batch, (padded_size(32, 7),) * 2, 16, 56, 7),
-    ]
-    return shapes
-
-
-def dry_run_shapes() -> list:
-    return [Shape("tiny", "window4", 1, (8, 8), 2, 32, 4), Shape("tiny", "global_qpool", 1, (8, 8), 2, 32, pool=2)]
-
-
-def _timings(fn, cuda: bool, reps: int) -> dict:
-    """Eager (L2 flushed) and CUDA-graph timings of ``fn``: ``{"ms", "range_ms", "graph_ms", "graph_error"}``."""
-    from .cuda_timing import bench
-
-    eager = bench(fn, reps=reps if cuda else 1, warmup=3 if cuda else 0)
-    out = {"ms": eager["median_ms"], "range_ms": [eager["min_ms"], eager["max_ms"]], "graph_ms": None,
-           "graph_error": None}
-    if cuda:
-        try:
-            out["graph_ms"] = bench(fn, reps=reps, graph=True)["median_ms"]
-        except Exception as e:  # not capturable: the eager timing stands, the reason is kept
-            out["graph_error"] = f"{type(e).__name__}: {e}"[:300]
-            import torch
-
-            torch.cuda.synchronize()
-    return out
-
-
-def _peak_mib(fn, cuda: bool):
-    from .timing import cuda_peak_mib
-
-    return cuda_peak_mib(fn) if cuda else None
-
-
-def _inputs(shape: Shape, dtype, device):
-    import torch
-
-    torch.manual_seed(0)
-    B, (H, W), n, D = shape.batch, shape.grid, shape.heads, shape.head_dim
-    return torch.randn(B, H, W, 3, n, D, device=device, dtype=dtype)
-
-
-def _plan(shape: Shape):
-    from winpos.kernels import Plan
-
-    H, W, s = *shape.grid, shape.pool
-    q_hw = (H // s, W // s)
-    qw = (shape.window // s,) * 2 if shape.window else q_hw
-    kw = (shape.window,) * 2 if shape.window else (H, W)
-    return Plan((H // kw[0]), (W // kw[1]), *qw, *kw, s, 0, 0, 0, 0, 0, 0, 0, 16, 16)
-
-
-def _time_fn(fn, qkv, cuda: bool, reps: int) -> dict:
-    """Forward and forward+backward timings and peak memory of ``fn(qkv)``, and its forward output."""
-    import torch
-
-    leaf = qkv.detach().clone().requires_grad_()
-    with torch.no_grad():
-        out = fn(qkv)
-    grad = torch.randn_like(out)
-
-    def fwd():
-        with torch.no_grad():
-            fn(qkv)
-
-    def fwd_bwd():
-        o = fn(leaf)
-        o.backward(grad)
-        leaf.grad = None
-
-    return {"out": out, "fwd": _timings(fwd, cuda, reps), "fwd_bwd": _timings(fwd_bwd, cuda, reps),
-            "fwd_peak_mib": _peak_mib(fwd, cuda), "fwd_bwd_peak_mib": _peak_mib(fwd_bwd, cuda)}
 
 
 def bench_row(shape: Shape, variant: str, impl: str, dtype, device, reps: int, ref_out=None) -> tuple:
     from winpos.kernels import attention_flops
 
     cuda = device.type == "cuda"
-    qkv = _inputs(shape, dtype, device)
+    qkv = inputs(shape, dtype, device)
     pos = make_pos(shape, variant, device)
-    t = _time_fn(impl_fn(impl, shape, pos, cuda), qkv, cuda, reps)
-    plan, (B, n, D) = _plan(shape), (shape.batch, shape.heads, shape.head_dim)
+    t = time_fn(impl_fn(impl, shape, pos, cuda), qkv, cuda, reps)
+    geometry, (B, n, D) = plan(shape), (shape.batch, shape.heads, shape.head_dim)
     bias_variant = variant in ("relpos", "lookhere")
     row = dict(asdict(shape), variant=variant, impl=impl, dtype=str(dtype).replace("torch.", ""),
                sdpa_backend=(("efficient+bias" if bias_variant else "flash") if impl in ("sdpa", "sdpa_xpart")
@@ -173,72 +69,61 @@ def bench_row(shape: Shape, variant: str, impl: str, dtype, device, reps: int, r
         row[f"{part}_graph_ms"] = t[part]["graph_ms"]
         if t[part]["graph_error"]:
             row[f"{part}_graph_error"] = t[part]["graph_error"]
-    row["fwd_tflops"] = attention_flops(plan, B, n, D) / row["fwd_ms"] / 1e9
-    row["fwd_bwd_tflops"] = attention_flops(plan, B, n, D, backward=True) / row["fwd_bwd_ms"] / 1e9
+    row["fwd_tflops"] = attention_flops(geometry, B, n, D) / row["fwd_ms"] / 1e9
+    row["fwd_bwd_tflops"] = attention_flops(geometry, B, n, D, backward=True) / row["fwd_bwd_ms"] / 1e9
     row["fwd_peak_mib"], row["fwd_bwd_peak_mib"] = t["fwd_peak_mib"], t["fwd_bwd_peak_mib"]
     out = t["out"]
     row["max_abs_diff_vs_sdpa"] = None if ref_out is None else (out.float() - ref_out.float()).abs().max().item()
     return row, out
 
 
-def _write(report: dict, out_path) -> None:
-    if out_path:
-        from winpos.outputs import atomic_write
-
-        atomic_write(out_path, lambda f: json.dump(report, f, indent=1), "w")
-
-
-def _report(device, dtype) -> dict:
-    import torch
-
-    import triton
-
-    from winpos.kernels import _jit
-
-    return dict(device=torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu",
-                torch=torch.__version__, triton=triton.__version__, interpreter=_jit.interpreting(),
-                dtype=str(dtype).replace("torch.", ""), rows=[], skipped=[], errors=[], unavailable=[])
+def row_order(shapes, impls) -> list:
+    """(shape, variant, impl) in the order they run: one ``sdpa`` and one ``triton`` row per shape without position
+    terms first (every shape, the HieraDet ones included, is timed and checked however short the budget), then
+    ``sdpa`` + ``triton`` with each position term, then every other implementation (the peers). Within a shape and
+    variant ``sdpa`` precedes the rows compared with it."""
+    core = [i for i in ("sdpa", "triton") if i in impls]
+    order = [(s, "none", i) for s in shapes for i in core]
+    order += [(s, v, i) for s in shapes for v in VARIANTS[1:] for i in core]
+    order += [(s, v, i) for s in shapes for v in VARIANTS for i in IMPLS if i in impls and i not in core]
+    return order
 
 
 def run_rows(shapes, dtype, device, reps, budget_s, out_path, impls):
-    """Every shape x variant x implementation (``IMPLS`` order, sdpa first: the others are compared with it)."""
+    """Every shape x variant x implementation in ``row_order``; outputs are compared with the same shape and
+    variant's ``sdpa`` row."""
     import torch
 
-    report = _report(device, dtype)
+    report = new_report(device, dtype)
     start = time.time()
     cuda = device.type == "cuda"
-    for shape in shapes:
-        for variant in VARIANTS:
-            ref_out = None
-            for impl in IMPLS:
-                if impl not in impls:
-                    continue
-                label = f"{shape.model}/{shape.block}/{variant}/{impl}"
-                why = unavailable(impl, variant, cuda)
-                if why is not None:
-                    if why != "only for rope":
-                        report["unavailable"].append(dict(label=label, reason=why))
-                    continue
-                if time.time() - start > budget_s:
-                    report["skipped"].append(label)
-                    continue
-                try:
-                    row, out = bench_row(shape, variant, impl, dtype, device, reps, ref_out)
-                    if impl == "sdpa":
-                        ref_out = out
-                    report["rows"].append(row)
-                    graph = row["fwd_graph_ms"]
-                    print(f"{label:55s} fwd {row['fwd_ms']:9.3f} ms  fwd+bwd {row['fwd_bwd_ms']:9.3f} ms  "
-                          f"{row['fwd_tflops']:7.2f} TFLOP/s" + (f"  graph fwd {graph:8.3f} ms" if graph else ""),
-                          flush=True)
-                except Exception as e:  # keep going: one failing backend must not lose the other rows
-                    report["errors"].append(dict(label=label, error=f"{type(e).__name__}: {e}"[:2000]))
-                    print(f"{label:55s} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
-                finally:
-                    if cuda:
-                        torch.cuda.empty_cache()
-                report["elapsed_s"] = time.time() - start
-                _write(report, out_path)
+    ref_outs = {}
+    for shape, variant, impl in row_order(shapes, impls):
+        label = f"{shape.model}/{shape.block}/{variant}/{impl}"
+        why = unavailable(impl, variant, cuda)
+        if why is not None:
+            if why != "only for rope":
+                report["unavailable"].append(dict(label=label, reason=why))
+            continue
+        if time.time() - start > budget_s:
+            report["skipped"].append(label)
+            continue
+        try:
+            row, out = bench_row(shape, variant, impl, dtype, device, reps, ref_outs.get((shape, variant)))
+            if impl == "sdpa":
+                ref_outs[(shape, variant)] = out
+            report["rows"].append(row)
+            graph = row["fwd_graph_ms"]
+            print(f"{label:55s} fwd {row['fwd_ms']:9.3f} ms  fwd+bwd {row['fwd_bwd_ms']:9.3f} ms  "
+                  f"{row['fwd_tflops']:7.2f} TFLOP/s" + (f"  graph fwd {graph:8.3f} ms" if graph else ""), flush=True)
+        except Exception as e:  # keep going: one failing backend must not lose the other rows
+            report["errors"].append(dict(label=label, error=f"{type(e).__name__}: {e}"[:2000]))
+            print(f"{label:55s} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+        finally:
+            if cuda:
+                torch.cuda.empty_cache()
+        report["elapsed_s"] = time.time() - start
+        write(report, out_path)
     return report
 
 
@@ -256,6 +141,9 @@ def main(argv=None) -> int:
                         help="time the fused kernels over tile shapes / warps / stages instead (see the docstring)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="with --sweep: which position terms")
     args = parser.parse_args(argv)
+    from .blocked_imports import install_from_env
+
+    install_from_env()
     unknown = set(args.impls.split(",")) - set(IMPLS)
     if unknown:
         parser.error(f"unknown --impls {sorted(unknown)}; choose from {', '.join(IMPLS)}")
