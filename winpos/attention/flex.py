@@ -68,14 +68,23 @@ def flex_available() -> bool:
     return True
 
 
-def _check(q, k, v) -> None:
+def _check(q, k, v, pos=None) -> None:
+    """What FlexAttention cannot do is refused here, in one line, before torch is called (its own errors are
+    inductor traces of 80-260 lines)."""
     if not flex_available():
         raise WinposError(f"backend='flex' needs torch.nn.attention.flex_attention, which torch {torch.__version__} "
                           "lacks; upgrade torch (>= 2.5) or use backend='reference'")
-    if q.device.type == "cpu" and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
-        raise WinposError("backend='flex' on CPU is inference only: PyTorch's FlexAttention has no CPU backward; "
-                          "use backend='reference' (or 'auto') to train on CPU, run under torch.no_grad(), or move "
-                          "the model to CUDA")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise WinposError(f"backend='flex' takes float32, float16 or bfloat16 q/k/v, got {q.dtype} (PyTorch's "
+                          "FlexAttention compiles no other dtype); use backend='reference' for it, or cast the "
+                          "model (model.float())")
+    tables = [t for t in (getattr(pos, "rel_pos", None) or ()) if isinstance(t, torch.Tensor)]
+    trained = [name for name, ts in (("q/k/v", (q, k, v)), ("the relpos tables", tables))
+               if any(t.requires_grad for t in ts)]
+    if q.device.type == "cpu" and torch.is_grad_enabled() and trained:
+        raise WinposError(f"backend='flex' on CPU is inference only: PyTorch's FlexAttention has no CPU backward "
+                          f"(here {' and '.join(trained)} need gradients); use backend='reference' (or 'auto') to "
+                          "train on CPU, run under torch.no_grad(), or move the model to CUDA")
 
 
 def _lookhere_mask_mod(fov2, q_hw, k_hw):
@@ -220,7 +229,7 @@ def compiled_flex(backend: str):
 def flex_attention(q, k, v, *, window=None, pos: PositionTerms | None = None, valid_hw=None, pad_mode="zeros",
                    scale=None):
     """Window or global attention through FlexAttention; the arguments of ``winpos.attention.attention``."""
-    _check(q, k, v)
+    _check(q, k, v, pos)
     pos = pos or PositionTerms()
     q_hw, k_hw = tuple(q.shape[1:3]), tuple(k.shape[1:3])
     geo = geometry(q_hw, k_hw, window)

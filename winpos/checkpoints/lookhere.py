@@ -48,6 +48,10 @@ def _number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise WinposError(f"the LookHere checkpoint's config has {name}={value!r}, not a finite number; the file is "
                           "not one of the authors' releases or was edited: fix its config")
+    if not math.isfinite(torch.tensor(float(value), dtype=torch.float32).item()):
+        raise WinposError(f"the LookHere checkpoint's config has {name}={value!r}, which overflows float32 (max "
+                          f"{torch.finfo(torch.float32).max:.3g}), the dtype LookHere's slopes and bias are computed "
+                          "in; the file was edited: fix its config (the authors use global_slope=2)")
     return float(value)
 
 
@@ -146,6 +150,11 @@ def convert_lookhere_checkpoint(obj, target="vitdet_b", recipe: str = "lookhere"
         raise WinposError(f"recipe={recipe!r} does not fit the authors' LookHere checkpoint (no position embedding, "
                           "LookHere in every block); pass recipe='lookhere' (--recipe lookhere)")
     weights = {k: v for k, v in obj["weights"].items() if isinstance(v, torch.Tensor)}
+    if not weights:
+        kinds = sorted({type(v).__name__ for v in obj["weights"].values()})
+        raise WinposError(f"the LookHere checkpoint's 'weights' holds no tensors ({len(obj['weights'])} entries"
+                          + (f" of type {', '.join(kinds)}" if kinds else "") + "); the file is not one of the "
+                          "authors' releases or was saved without its weights: pass an LH_*_weights_and_config.pth")
     depth = 1 + max((int(m.group(1)) for k in weights if (m := _BLOCK.match(k))), default=-1)
     if isinstance(target, str):
         from winpos.backbones import create

@@ -269,8 +269,17 @@ class LookHere(nn.Module):
         self._bias_cache, self._shift_cache, self._tile_cache = GridCache(1), GridCache(1), GridCache(8)
 
     def _slopes(self, global_slope: float) -> Tensor:
-        return torch.tensor(_slopes64(self._head_slopes, self.layer_index, self.num_layers, global_slope,
-                                      self.layer_slopes), dtype=torch.float64)
+        """The heads' slopes in float64, checked in float32, the dtype the bias is built in: a slope that overflows
+        there is inf, and inf * distance 0 makes the whole output NaN."""
+        slopes = torch.tensor(_slopes64(self._head_slopes, self.layer_index, self.num_layers, global_slope,
+                                        self.layer_slopes), dtype=torch.float64)
+        if not torch.isfinite(slopes.float()).all():
+            top = float(slopes.max())
+            limit = global_slope * torch.finfo(torch.float32).max / top
+            raise WinposError(f"global_slope={global_slope:g} gives head slopes up to {top:.3g}, beyond float32 (max "
+                              f"{torch.finfo(torch.float32).max:.3g}), where the attention bias is computed; use "
+                              f"global_slope below {limit:.3g} (the authors use 2.0)")
+        return slopes
 
     def _visible_fov(self, slopes64: Tensor) -> Tensor:
         """The layout's FOVs with the rows of zero-slope heads cleared (no penalty means no mask, as in the authors'
