@@ -131,3 +131,25 @@ def test_posemb_viz_refuses_an_earlier_report_and_force_leaves_only_the_new_figu
     listed = {p.split("/")[-1] for c in report["checkpoints"] for e in c["embeddings"] for p in e["plots"]}
     assert listed and {p.name for p in out.iterdir()} == listed | {"report.json"}  # a's figures are gone
     assert json.loads((out / "report.json").read_text())["checkpoints"][0]["path"] == str(b)
+
+
+def test_benchmark_kernels_json_follows_the_output_policy(tmp_path):
+    existing = tmp_path / "kern.json"
+    existing.write_text('{"earlier": "results"}')
+    res = tool("benchmark.py", "kernels", "--json", existing, "--budget", "20")
+    assert_one_line_error(res, "--json", "already exists", "--force")
+    assert existing.read_text() == '{"earlier": "results"}'  # before: replaced by dry-run CPU timings, exit 0
+
+
+@pytest.mark.parametrize("flag,value,needle", [("--reps", "0", "--reps"), ("--batch", "0", "--batch"),
+                                                ("--budget", "-1", "positive number of seconds")])
+def test_benchmark_kernels_refuses_non_positive_reps_batch_budget(flag, value, needle, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_tool", ROOT / "tools" / "benchmark.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with pytest.raises(SystemExit) as exit_:  # before: accepted, every row skipped, exit 0
+        bench.main(["kernels", flag, value])
+    assert exit_.value.code == 2 and needle in capsys.readouterr().err
+    assert bench._kernels_args(["--reps", "3", "--force", "--dry-run"]) == ["--reps", "3", "--dry-run"]

@@ -17,8 +17,10 @@
         # time and memory vs input size per encoding, fitted growth exponent (time ~ tokens^k)
     python tools/benchmark.py train [--which hieradet|vitdet] [--encodings abswin,rope] [--iters 5] [--bf16]
         # training steps/s of the tiny shapes Mask R-CNN per encoding (configs/shapes), ratio vs abswin
-    python tools/benchmark.py kernels [ARGS of winpos.bench.kernels, e.g. --json out.json --reps 10]
-        # Triton window attention vs SDPA (GPU); without CUDA it says so and runs its --dry-run
+    python tools/benchmark.py kernels [ARGS of winpos.bench.kernels, e.g. --json out.json --reps 10] [--force]
+        # Triton window attention vs SDPA (GPU); without CUDA it says so and runs its --dry-run. Its --json follows
+        # the same policy (an existing file is replaced only with --force), and --reps / --batch / --budget must be
+        # positive, checked here before the benchmark starts
 
 Options after every subcommand but kernels: --json OUT (every number; not measured = null; an existing file is
 replaced only with --force), --threads N (torch intra-op threads, default 2), --warmup N (untimed calls first,
@@ -34,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from winpos.errors import WinposError, nonnegative_int, positive_int, run_cli
+from winpos.errors import ArgumentParser, WinposError, nonnegative_int, positive_int, run_cli
 
 
 def _device(name: str) -> str:
@@ -178,12 +180,36 @@ def _check_outputs(args) -> None:
         check_output_file(args.plot, force=args.force, flag="--plot", suffixes=(".png", ".pdf", ".svg"))
 
 
+def _kernels_args(rest: list[str]) -> list[str]:
+    """The kernel benchmark's arguments, checked before it starts: --reps / --batch >= 1, --budget > 0, and its
+    --json under the output policy (--force, taken here, replaces an existing file). Returns them without --force."""
+    from winpos.errors import finite_float
+    from winpos.outputs import check_output_file
+
+    def positive_seconds(text: str) -> float:
+        value = finite_float(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be a positive number of seconds, e.g. 420, got {text!r}")
+        return value
+
+    pre = ArgumentParser(prog="benchmark.py kernels", add_help=False)
+    pre.add_argument("--json", default=None)
+    pre.add_argument("--force", action="store_true")
+    pre.add_argument("--reps", type=positive_int, default=None)
+    pre.add_argument("--batch", type=positive_int, default=None)
+    pre.add_argument("--budget", type=positive_seconds, default=None)
+    known, _ = pre.parse_known_args(rest)
+    if known.json:
+        check_output_file(known.json, force=known.force, flag="--json", suffixes=(".json",))
+    return [a for a in rest if a != "--force"]
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["kernels"]:  # forwarded verbatim: the kernel benchmark has its own flags (--json, --dry-run)
+    if argv[:1] == ["kernels"]:  # forwarded: the kernel benchmark has its own flags (--json, --dry-run)
         from winpos.bench import kernels
 
-        return kernels.run(argv[1:])
+        return kernels.run(_kernels_args(argv[1:]))
     args = build_parser().parse_args(argv)
     _check_outputs(args)
     if args.what == "posemb" and args.size % 16:
