@@ -6,14 +6,19 @@ official pycocotools, optionally at several test sizes (JSON + PNG plot of AP vs
         model.backbone.net.recipe=paper
     tools/eval_coco.py --config-file CFG --checkpoint W --sizes 512,768,1024 --fps --output eval_out/
     tools/eval_coco.py --config-file CFG --checkpoint W --dataset mine=ann.json:images --test-dataset mine
+    tools/eval_coco.py --config-file CFG --checkpoint W2 --sizes 512,768,1024 --output eval2/ \
+        --compare original=eval_out/resolution_sweep.json            # both recipes in one plot
+
+A training run's own output_dir/config.yaml is a config file too: it carries every override the run had
+(num_classes, datasets), so nothing needs repeating. The model's class count must match the test dataset's
+(checked before any work). --fps times --warmup images first, so the test set needs more than that.
 
 Weights are required. Results already in --output are replaced only with --force. Flags go before the key=value
 overrides. Bad input: one "error:" line and exit status 2. The logic is in winpos.d2.evaluate.
 """
-import json
 import sys
 
-from winpos.errors import ArgumentParser, int_list, quiet_third_party_warnings, run_cli
+from winpos.errors import ArgumentParser, int_list, nonnegative_int, quiet_third_party_warnings, run_cli
 
 
 def build_parser():
@@ -27,6 +32,11 @@ def build_parser():
     parser.add_argument("--test-dataset", default=None, help="dataset to evaluate (default: the config's test set)")
     parser.add_argument("--sizes", type=int_list, default=None, help="comma-separated test sizes, e.g. 512,768,1024")
     parser.add_argument("--fps", action="store_true", help="also measure images/s at batch 1")
+    parser.add_argument("--warmup", type=nonnegative_int, default=5,
+                        help="with --fps: images run before the timing starts (default 5)")
+    parser.add_argument("--label", default="", help="this run's line in the sweep plot (default: preset and recipe)")
+    parser.add_argument("--compare", action="append", default=[], metavar="LABEL=SWEEP_JSON",
+                        help="draw an earlier run's resolution_sweep.json in the same plot (repeatable; with --sizes)")
     parser.add_argument("--output", default=None, help="output folder (default: <train.output_dir>/eval)")
     parser.add_argument("--force", action="store_true", help="replace results already in the output folder")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -47,8 +57,11 @@ def main(argv=None):
     register_cli_datasets(args.dataset)
     results = evaluate_checkpoint(args.config_file, args.checkpoint, overrides=args.opts, sizes=args.sizes,
                                   fps=args.fps, output_dir=args.output, test_dataset=args.test_dataset,
-                                  progress=not args.no_progress, force=args.force)
-    print(json.dumps(results, indent=1))
+                                  progress=not args.no_progress, force=args.force, warmup=args.warmup,
+                                  label=args.label, compare=args.compare)
+    from winpos.d2.evaluate import sweep_table
+
+    print(sweep_table(results if args.sizes else {"(config)": results}))
     return 0
 
 

@@ -3,7 +3,11 @@
 
     tools/predict.py --config-file configs/shapes/mask_rcnn_hieradet_toy_abswin.py \
         --checkpoint output/shapes/mask_rcnn_hieradet_toy_abswin/model_final.pth --input img.png folder/ \
-        --output preds/ [--score-thresh 0.5] [--force] [key=value ...]
+        --output preds/ [--score-thresh 0.5] [--dataset NAME=JSON:IMAGE_ROOT] [--no-progress] [--force] [key=value ...]
+
+Classes are drawn by name: those of the config's test dataset (a training run's output_dir/config.yaml names it;
+register your own with --dataset, as in train_net.py and eval_coco.py). predictions.json holds per image the boxes
+(XYXY px), scores, class ids and names, and the masks as COCO run-length encodings.
 
 Weights are required (--checkpoint, or the config's train.init_checkpoint); --random-weights runs the untrained
 model on purpose. --output must be a folder of its own (not one holding the inputs); drawings already there are
@@ -13,7 +17,8 @@ input. The logic is in winpos.d2.predict.
 """
 import sys
 
-from winpos.errors import EXIT_FAILED, ArgumentParser, WinposError, finite_float, late_flags, run_cli
+from winpos.errors import (EXIT_FAILED, ArgumentParser, WinposError, finite_float, late_flags,
+                           quiet_third_party_warnings, run_cli)
 
 
 def build_parser():
@@ -27,6 +32,9 @@ def build_parser():
     parser.add_argument("--input", nargs="+", required=True, help="image files or folders")
     parser.add_argument("--output", required=True, help="folder for the drawings and predictions.json")
     parser.add_argument("--score-thresh", type=finite_float, default=0.5)
+    parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
+                        help="register a COCO-format dataset first, for its class names (repeatable)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--force", action="store_true", help="replace drawings and predictions.json already there")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value (after every flag)")
     return parser
@@ -41,9 +49,14 @@ def main(argv=None):
     if misplaced:
         raise WinposError(f"--input took the override {misplaced[0]!r} as an image; put the key=value overrides "
                           "after every flag, e.g. --input img.png --output preds/ train.device=cpu")
+    quiet_third_party_warnings()
     from winpos.d2.config import load_config
+    from winpos.d2.engine import register_cli_datasets
+    from winpos.d2.own_data import check_num_classes
 
+    register_cli_datasets(args.dataset)
     cfg = load_config(args.config_file, args.opts)
+    check_num_classes(cfg, ("test",))
     checkpoint = args.checkpoint or cfg.train.init_checkpoint
     if checkpoint and args.random_weights:
         raise WinposError(f"--random-weights and weights ({checkpoint}) were both given; drop one of them")
@@ -62,7 +75,8 @@ def main(argv=None):
     model = build_model(cfg)
     if checkpoint:
         load_init_checkpoint(WinposCheckpointer(model), checkpoint)  # logs its load report
-    records = predict_images(cfg, model, args.input, args.output, args.score_thresh, force=args.force)
+    records = predict_images(cfg, model, args.input, args.output, args.score_thresh, force=args.force,
+                             progress=not args.no_progress)
     skipped = [r for r in records if "error" in r]
     print(f"{len(records) - len(skipped)} images -> {args.output}" +
           (f"; {len(skipped)} skipped (e.g. {skipped[0]['file']}: {skipped[0]['error']})" if skipped else ""))

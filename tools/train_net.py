@@ -17,18 +17,47 @@ config.yaml) is refused unless --resume or --force, and one that a running train
 (winpos.d2.run_dir). Bad input: one "error:" line and exit status 2. The logic is in
 winpos.d2.engine.
 """
+import argparse
 import sys
 
-from winpos.errors import late_flags, quiet_third_party_warnings, run_cli
+from winpos.errors import ArgumentParser, late_flags, nonnegative_int, positive_int, quiet_third_party_warnings, run_cli
+
+
+def build_parser():
+    """detectron2's ``default_argument_parser`` flags plus winpos's, built without importing torch or detectron2 so
+    that ``--help`` and argument errors come at once (tests/test_tools_cli.py keeps the flags equal to
+    ``winpos.d2.engine.build_parser``'s)."""
+    parser = ArgumentParser(epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-file", default="", metavar="FILE", help="path to config file")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from train.output_dir/last_checkpoint (exact resume)")
+    parser.add_argument("--eval-only", action="store_true", help="perform evaluation only")
+    parser.add_argument("--num-gpus", type=positive_int, default=1, help="number of processes per machine")
+    parser.add_argument("--num-machines", type=positive_int, default=1, help="total number of machines")
+    parser.add_argument("--machine-rank", type=nonnegative_int, default=0,
+                        help="the rank of this machine (unique per machine)")
+    parser.add_argument("--dist-url", default="auto",
+                        help="initialization URL for multi-process runs (auto: a free local port)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="with --eval-only: evaluate the untrained model on purpose (no train.init_checkpoint)")
+    parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
+                        help="register a COCO-format dataset under NAME before the config is used (repeatable); "
+                             "bad annotations are skipped and counted; model.roi_heads.num_classes must match its "
+                             "categories (checked at start)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the run already in train.output_dir (its checkpoints, metrics and config are "
+                             "removed first); without it such a folder is refused unless --resume")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value (after every flag)")
+    return parser
 
 
 def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
     quiet_third_party_warnings()
-    from winpos.d2.engine import build_parser, launch_main
+    from winpos.d2.engine import launch_main
     from winpos.d2.startup import check_before_launch
 
-    parser = build_parser(__doc__)
-    args = parser.parse_args(argv)
     late = late_flags(args.opts) or [o for o in args.opts if o.startswith("--")]
     if late:
         parser.error(f"{', '.join(late)} comes after the key=value overrides, which take the rest of the command "

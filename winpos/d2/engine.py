@@ -92,6 +92,9 @@ def setup(args):
     detectron2's ``default_setup`` does but without writing ``config.yaml`` (``save_config`` does, later)."""
     register_cli_datasets(getattr(args, "dataset", None))
     cfg = load_config(args.config_file, args.opts)
+    from winpos.d2.own_data import check_num_classes
+
+    check_num_classes(cfg, ("test",) if getattr(args, "eval_only", False) else ("train", "test"))  # before any work
     cfg.train.device = resolve_device(cfg)
     check_weights(cfg, eval_only=getattr(args, "eval_only", False),
                   random_weights=getattr(args, "random_weights", False))
@@ -129,11 +132,19 @@ def _default_setup(cfg, args) -> None:
     d2_logger = setup_logger(output_dir, distributed_rank=rank)
     setup_logger(output_dir, distributed_rank=rank, name="winpos")
     d2_logger.info(f"Rank of current process: {rank}. World size: {comm.get_world_size()}")
-    d2_logger.info("Environment info:\n" + collect_env_info())
+    _log_to_files_only(d2_logger, "Environment info:\n" + collect_env_info())  # the file keeps it, not the terminal
     d2_logger.info("Command line arguments: " + str(args))
     seed_all_rng(None if seed is None else seed + rank)
     if not getattr(args, "eval_only", False):
         torch.backends.cudnn.benchmark = bool(OmegaConf.select(cfg, "train.cudnn_benchmark", default=False))
+
+
+def _log_to_files_only(log, message: str) -> None:
+    """Write ``message`` at INFO to the log's file handlers (``output_dir/log.txt``), not to the console."""
+    record = log.makeRecord(log.name, logging.INFO, __file__, 0, message, None, None)
+    for handler in log.handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def save_config(cfg, resume: bool = False) -> str | None:

@@ -14,12 +14,15 @@ import torch
 from detectron2.evaluation import COCOEvaluator, inference_on_dataset
 from detectron2.utils import comm
 
+from omegaconf import OmegaConf
+
 from winpos.d2.data import ensure_registered
+from winpos.d2.own_data import check_num_classes
 from winpos.errors import WinposError
 from winpos.outputs import atomic_write, check_output_dir
 
 __all__ = ["build_coco_evaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
-           "plot_sweeps", "measure_fps"]
+           "plot_sweeps", "measure_fps", "sweep_table", "load_sweeps"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +95,12 @@ def measure_fps(cfg, model, num_images: int = 50, warmup: int = 5) -> float:
     return timed / total
 
 
-def resolution_sweep(cfg, model, sizes, output_dir: str, fps: bool = False, progress: bool = True) -> dict:
-    """Evaluate ``model`` at each test size; writes ``{output_dir}/resolution_sweep.json`` and ``.png``.
+def resolution_sweep(cfg, model, sizes, output_dir: str, fps: bool = False, progress: bool = True,
+                     label: str = "", compare: dict | None = None, title: str = "", warmup: int = 5) -> dict:
+    """Evaluate ``model`` at each test size; writes ``{output_dir}/resolution_sweep.json`` and ``.png`` (titled
+    ``title``, this run drawn as ``label`` next to the ``compare`` runs ``{label: {size: results}}``, the training
+    size marked). Each size's AP tables are logged under a ``== test size N px ==`` header, and a size x AP table
+    follows the last.
 
     Returns ``{size: {"bbox": {...}, "segm": {...}, "fps": float (if fps)}}``.
     """
@@ -104,18 +111,50 @@ def resolution_sweep(cfg, model, sizes, output_dir: str, fps: bool = False, prog
     for size in sizes:
         cfg_s = copy.deepcopy(cfg)
         set_test_size(cfg_s, model, size)
+        logger.info(f"== test size {size} px ==")
         res = evaluate(cfg_s, model, os.path.join(output_dir, f"size_{size}"), progress)
         if fps:
-            res["fps"] = measure_fps(cfg_s, model)
+            res["fps"] = measure_fps(cfg_s, model, warmup=warmup)
         results[size] = res
-        aps = ", ".join(f"{t} AP {r['AP']:.2f}" for t, r in res.items() if isinstance(r, dict))
-        logger.info(f"size {size}: {aps}")
+    logger.info("AP by test size" + (f" ({label})" if label else "") + ":\n" + sweep_table(results))
     if comm.is_main_process():
         os.makedirs(output_dir, exist_ok=True)
         atomic_write(os.path.join(output_dir, "resolution_sweep.json"),
-                     lambda f: json.dump({str(k): v for k, v in results.items()}, f, indent=2), "w")
-        plot_sweep(results, os.path.join(output_dir, "resolution_sweep.png"))
+                     lambda f: json.dump(_json_safe({str(k): v for k, v in results.items()}), f, indent=2), "w")
+        train_size = OmegaConf.select(cfg, "dataloader.train.mapper.image_size", default=None)
+        runs = {label or "this run": results, **(compare or {})}
+        plot_sweeps(runs, os.path.join(output_dir, "resolution_sweep.png"), train_size=train_size, title=title)
     return results
+
+
+def sweep_table(results: dict) -> str:
+    """A size x AP text table of ``{size: {"bbox": {"AP": ...}, "segm": {...}[, "fps"]}}``."""
+    tasks = sorted({t for r in results.values() for t, v in r.items() if isinstance(v, dict) and "AP" in v})
+    names = {"bbox": "box AP", "segm": "mask AP"}
+    head = ["size (px)"] + [names.get(t, f"{t} AP") for t in tasks] + (["images/s"] if any("fps" in r for r in
+                                                                                        results.values()) else [])
+    rows = [head]
+    for size in sorted(results, key=lambda k: int(k) if str(k).isdigit() else -1):
+        r = results[size]
+        row = [str(size)] + [_fmt(r.get(t, {}).get("AP")) for t in tasks]
+        if len(head) > len(tasks) + 1:
+            row.append(_fmt(r.get("fps")))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None or value != value else f"{value:.2f}"  # NaN (no object of that size): "-"
+
+
+def _json_safe(obj):
+    """NaN (pycocotools' AP of an empty size range) as null: strict JSON readers refuse NaN."""
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    return None if isinstance(obj, float) and obj != obj else obj
 
 
 def plot_sweep(results: dict, path: str) -> None:
@@ -138,13 +177,15 @@ def plot_sweeps(runs: dict, path: str, train_size: int | None = None, title: str
         for label, res in runs.items():
             sizes = sorted(int(s) for s in res)
             by_int = {int(k): v for k, v in res.items()}
-            ax.plot(sizes, [by_int[s][task]["AP"] for s in sizes], marker="o",
+            ax.plot(sizes, [by_int[s].get(task, {}).get("AP", float("nan")) for s in sizes], marker="o",
                     label=f"{label} {task} AP".strip() if len(runs) == 1 else label)
-            ax.set_xticks(sizes)
+        ax.set_xticks(sorted({int(s) for res in runs.values() for s in res}))  # every run's sizes
         if train_size:
-            ax.axvline(train_size, color="grey", linestyle="--", linewidth=1, label=f"train size {train_size}")
+            ax.axvline(train_size, color="grey", linestyle="--", linewidth=1, label=f"train size {train_size} px")
         ax.set_xlabel("test image size (px)")
-        ax.set_ylabel(f"{task} AP")
+        name = {"bbox": "box AP", "segm": "mask AP"}.get(task, f"{task} AP")
+        ax.set_ylabel(name)
+        ax.set_title(f"{name} by test size", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     if title:
@@ -154,15 +195,59 @@ def plot_sweeps(runs: dict, path: str, train_size: int | None = None, title: str
     plt.close(fig)
 
 
+def load_sweeps(specs) -> dict:
+    """``["LABEL=path/resolution_sweep.json", ...]`` -> ``{LABEL: {size: results}}``, each file read and checked
+    before any work (a missing or foreign file is a WinposError naming it)."""
+    runs = {}
+    for spec in specs or ():
+        label, eq, path = spec.partition("=")
+        if not eq or not label or not path:
+            raise WinposError(f"--compare {spec!r} must look like LABEL=path/to/resolution_sweep.json")
+        try:
+            with open(path) as f:
+                data = json.load(f)
+        except OSError as e:
+            raise WinposError(f"--compare {spec}: cannot read {path} ({e.strerror or e}); pass the "
+                              "resolution_sweep.json of an earlier eval_coco.py --sizes run") from e
+        except json.JSONDecodeError as e:
+            raise WinposError(f"--compare {spec}: {path} is not JSON ({e}); pass a resolution_sweep.json") from e
+        if not isinstance(data, dict) or not data or not all(str(k).isdigit() and isinstance(v, dict)
+                                                             for k, v in data.items()):
+            raise WinposError(f"--compare {spec}: {path} is not a resolution sweep ({{size: results}}); pass the "
+                              "resolution_sweep.json of an eval_coco.py --sizes run")
+        runs[label] = data
+    return runs
+
+
+def _run_label(cfg) -> str:
+    for key in ("model.backbone.net", "model.backbone.bottom_up"):
+        node = OmegaConf.select(cfg, key, default=None)
+        if node is not None and "recipe" in node and "net" in node:
+            return f"{node.net} {node.recipe}"
+    return ""
+
+
+def _count_test_images(cfg) -> int:
+    from detectron2.data import DatasetCatalog
+
+    names = cfg.dataloader.test.dataset.names
+    names = ensure_registered(names)
+    return sum(len(DatasetCatalog.get(n)) for n in names)
+
+
 def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=None, fps: bool = False,
-                        output_dir=None, test_dataset=None, progress: bool = True, force: bool = False) -> dict:
+                        output_dir=None, test_dataset=None, progress: bool = True, force: bool = False,
+                        warmup: int = 5, label: str = "", compare=()) -> dict:
     """Load ``config_file`` (+ strict ``overrides``), build its model with ``checkpoint`` (default
     ``train.init_checkpoint``), and evaluate on its test set (or ``test_dataset``).
 
     Without ``sizes``: returns ``{"bbox": {...}, "segm": {...}[, "fps": float]}`` and writes ``results.json``.
     With ``sizes``: ``resolution_sweep`` (``{size: results}``; JSON + PNG). Output goes to ``output_dir``
     (default ``<train.output_dir>/eval``); result files already there are refused unless ``force``.
-    Raises WinposError without weights (``checkpoint`` empty and no ``train.init_checkpoint``).
+    ``warmup``: images run before the ``fps`` timing starts; ``label`` / ``compare`` (``LABEL=sweep.json``
+    strings): the sweep plot's line for this run (default: preset and recipe) and earlier sweeps drawn with it.
+    Raises WinposError before any work without weights (``checkpoint`` empty and no ``train.init_checkpoint``),
+    for a class count that differs from the test dataset's, or for ``fps`` on a test set not larger than ``warmup``.
     """
     from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
     from winpos.d2.config import load_config
@@ -181,15 +266,28 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
     output_dir = output_dir or os.path.join(cfg.train.output_dir, "eval")
     planned = ["resolution_sweep.json", "resolution_sweep.png"] if sizes else ["results.json"]
     check_output_dir(output_dir, planned=planned, force=force)
+    compare_runs = load_sweeps(compare)
+    if compare_runs and not sizes:
+        raise WinposError("--compare draws earlier sweeps next to this one: it needs --sizes")
+    check_num_classes(cfg, ("test",))
+    if fps:
+        n = _count_test_images(cfg)
+        if n <= warmup:
+            raise WinposError(f"--fps: the test set has {n} images, not more than --warmup {warmup}; lower --warmup "
+                              f"(e.g. --warmup {max(0, n - 2)}) or use a larger test set")
     model = build_model(cfg)
     load_init_checkpoint(WinposCheckpointer(model), checkpoint)
     model.eval()
     if sizes:
-        return resolution_sweep(cfg, model, sizes, output_dir, fps=fps, progress=progress)
+        label = label or _run_label(cfg)
+        title = f"{os.path.basename(str(config_file))}\n{os.path.basename(str(checkpoint))}"
+        return resolution_sweep(cfg, model, sizes, output_dir, fps=fps, progress=progress, label=label,
+                                compare=compare_runs, title=title, warmup=warmup)
     results = dict(evaluate(cfg, model, output_dir, progress))
     if fps:
-        results["fps"] = measure_fps(cfg, model)
+        results["fps"] = measure_fps(cfg, model, warmup=warmup)
     if comm.is_main_process():
         os.makedirs(output_dir, exist_ok=True)
-        atomic_write(os.path.join(output_dir, "results.json"), lambda f: json.dump(results, f, indent=2), "w")
+        atomic_write(os.path.join(output_dir, "results.json"), lambda f: json.dump(_json_safe(results), f, indent=2),
+                     "w")
     return results

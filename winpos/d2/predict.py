@@ -16,18 +16,17 @@ from pathlib import Path
 
 import torch
 from detectron2.config import instantiate
-from detectron2.data import MetadataCatalog
 from detectron2.data import transforms as T
 import numpy as np
 from PIL import Image, ImageDraw
 
-from winpos.d2.data import ensure_registered
+from winpos.d2.own_data import config_class_names, config_datasets
 from winpos.data.images import read_image  # 16-bit, palette, alpha with their real range (not detectron2's)
 from winpos.errors import MissingInputError, WinposError
 from winpos.outputs import atomic_write, check_output_dir
 
 __all__ = ["IMAGE_EXTS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
-           "predict_images"]
+           "predict_images", "class_names", "mask_rle"]
 
 logger = logging.getLogger(__name__)
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -123,26 +122,41 @@ def draw_instances(rgb: np.ndarray, instances, class_names=None, alpha: float = 
     return Image.alpha_composite(image, overlay).convert("RGB")
 
 
-def _metadata(cfg):
-    names = cfg.dataloader.test.dataset.names
-    try:
-        (name,) = ensure_registered(names)
-        return MetadataCatalog.get(name)
-    except ValueError as e:
-        logger.warning(f"no class names for the drawings ({e}); classes are drawn as ids")
-        return MetadataCatalog.get("__winpos_unnamed__")
+def class_names(cfg) -> list[str] | None:
+    """The class names of the config's datasets (registered metadata, or the embedded shapes' names), never by
+    generating a dataset; None (with a warning: classes are drawn as ids) when none is known."""
+    names = config_class_names(cfg)
+    if names is None:
+        datasets = ", ".join(n for _, n in config_datasets(cfg, ("test", "train"))) or "none"
+        logger.warning(f"no class names for the drawings (the config's datasets: {datasets}, none registered); "
+                       "classes are drawn as ids: pass --dataset NAME=JSON:IMAGE_ROOT for the test dataset")
+    return names
 
 
-def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, force: bool = False) -> list[dict]:
-    """Predict every image of ``inputs``; write ``output_dir/<name>.png`` drawings (masks, boxes, class and score
-    above ``score_thresh``) and ``output_dir/predictions.json``. Returns the JSON records: ``{"file", "drawing",
-    "boxes" (XYXY px), "scores", "classes"}`` per image, or ``{"file", "error"}`` for an image that could not be
-    read. The output folder is checked first (``plan_outputs``; ``force`` replaces earlier outputs)."""
+def mask_rle(mask: np.ndarray) -> dict:
+    """COCO run-length encoding ``{"size": [h, w], "counts": str}`` of a binary ``(H, W)`` mask (pycocotools)."""
+    from pycocotools import mask as mask_utils
+
+    rle = mask_utils.encode(np.asfortranarray(mask.astype(np.uint8)))
+    return {"size": [int(v) for v in rle["size"]], "counts": rle["counts"].decode("ascii")}
+
+
+def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, force: bool = False,
+                   progress: bool = False) -> list[dict]:
+    """Predict every image of ``inputs``; write ``output_dir/<name>.png`` drawings (masks, boxes, class name and
+    score above ``score_thresh``) and ``output_dir/predictions.json``. Returns the JSON records: ``{"file",
+    "drawing", "boxes" (XYXY px), "scores", "classes", "class_names", "masks" (COCO RLE, when the model predicts
+    masks)}`` per image, or ``{"file", "error"}`` for an image that could not be read. The output folder is checked
+    first (``plan_outputs``; ``force`` replaces earlier outputs); ``progress``: a tqdm bar over the images."""
     plan = plan_outputs(inputs, output_dir, force=force)
     predictor = Predictor(cfg, model)
-    metadata = _metadata(cfg)
+    names = class_names(cfg)
     os.makedirs(output_dir, exist_ok=True)
     records = []
+    if progress:
+        from tqdm import tqdm
+
+        plan = tqdm(plan, desc="predict", unit="image")
     try:
         for path, out in plan:
             try:
@@ -155,11 +169,15 @@ def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, fo
                 continue
             instances = predictor(image)
             instances = instances[instances.scores >= score_thresh]
-            drawing = draw_instances(rgb, instances, metadata.get("thing_classes", None))
+            drawing = draw_instances(rgb, instances, names)
             atomic_write(out, lambda f: drawing.save(f, format="PNG"), "wb")
-            records.append({"file": str(path), "drawing": str(out),
-                            "boxes": instances.pred_boxes.tensor.tolist(), "scores": instances.scores.tolist(),
-                            "classes": instances.pred_classes.tolist()})
+            classes = instances.pred_classes.tolist()
+            record = {"file": str(path), "drawing": str(out), "boxes": instances.pred_boxes.tensor.tolist(),
+                      "scores": instances.scores.tolist(), "classes": classes,
+                      "class_names": [names[c] if names and c < len(names) else str(c) for c in classes]}
+            if instances.has("pred_masks"):
+                record["masks"] = [mask_rle(m > 0) for m in instances.pred_masks.numpy()]
+            records.append(record)
     finally:  # the records so far are kept even if a later image stops the run
         atomic_write(Path(output_dir) / "predictions.json", lambda f: json.dump(records, f, indent=1), "w")
     skipped = sum("error" in r for r in records)
