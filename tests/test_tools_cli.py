@@ -91,3 +91,19 @@ def test_sweep_table_and_plot_name_sizes_and_runs(tmp_path):
     with pytest.raises(WinposError, match="not a resolution sweep"):
         (tmp_path / "other.json").write_text("[1, 2]")
         load_sweeps([f"x={tmp_path / 'other.json'}"])
+
+
+def test_environment_dump_goes_to_the_log_file_only(tmp_path, capsys):
+    from detectron2.utils.logger import setup_logger
+
+    from winpos.d2.engine import _log_to_files_only
+
+    log = setup_logger(str(tmp_path), name="winpos_env_test")
+    _log_to_files_only(log, "Environment info:\nsys.platform linux")
+    log.info("a console line")
+    for h in log.handlers:
+        h.flush()
+    out = capsys.readouterr()
+    assert "Environment info" not in out.out + out.err and "a console line" in out.out + out.err
+    text = (tmp_path / "log.txt").read_text()
+    assert "Environment info:\nsys.platform linux" in text and "a console line" in text

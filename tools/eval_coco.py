@@ -59,9 +59,10 @@ def main(argv=None):
                                   fps=args.fps, output_dir=args.output, test_dataset=args.test_dataset,
                                   progress=not args.no_progress, force=args.force, warmup=args.warmup,
                                   label=args.label, compare=args.compare)
-    from winpos.d2.evaluate import sweep_table
+    if not args.sizes:  # a sweep logs its size x AP table itself
+        from winpos.d2.evaluate import sweep_table
 
-    print(sweep_table(results if args.sizes else {"(config)": results}))
+        print(sweep_table({"(config)": results}))
     return 0
 
 

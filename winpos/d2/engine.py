@@ -140,10 +140,13 @@ def _default_setup(cfg, args) -> None:
 
 
 def _log_to_files_only(log, message: str) -> None:
-    """Write ``message`` at INFO to the log's file handlers (``output_dir/log.txt``), not to the console."""
+    """Write ``message`` at INFO to the log's file handlers (``output_dir/log.txt``), not to the console
+    (detectron2's file handler is a StreamHandler on the file: every handler not on stdout / stderr)."""
+    import sys
+
     record = log.makeRecord(log.name, logging.INFO, __file__, 0, message, None, None)
     for handler in log.handlers:
-        if isinstance(handler, logging.FileHandler):
+        if getattr(handler, "stream", None) not in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             handler.handle(record)
 
 
