@@ -95,7 +95,7 @@ def _plot(args):
             print(f"{ckpt['path']}: {emb['name']} ({emb['format']}), native {native} px ({emb['native_from']})")
             for verdict in emb.get("verdicts", []):
                 print(f"  {verdict}")
-    print(f"wrote plots and report.json to {args.out}")
+    print(f"wrote {'plots and ' if errors < len(result['checkpoints']) else ''}report.json to {args.out}")
     return EXIT_USAGE if errors else 0
 
 

@@ -236,7 +236,9 @@ def run_posemb_viz(paths: Sequence[str | os.PathLike], out_dir, sizes: Sequence,
             loaded.append((path, [], f"{path}: {' '.join(str(e).split())}"))
     stems = [Path(p).stem for p in paths]
     stems = [s if stems.count(s) == 1 else f"{s}-{i + 1}" for i, s in enumerate(stems)]  # no two share plot names
-    bar = tqdm(total=len(paths) * max(1, len(sizes)), disable=not progress, desc="posemb", unit="ckpt x size")
+    readable = sum(error is None for _, _, error in loaded)
+    bar = tqdm(total=readable * max(1, len(sizes)), disable=not progress or not readable, desc="posemb",
+               unit="ckpt x size")
     try:
         for (path, infos, error), stem in zip(loaded, stems):
             if error is None:
@@ -245,7 +247,6 @@ def run_posemb_viz(paths: Sequence[str | os.PathLike], out_dir, sizes: Sequence,
                 except (WinposError, OSError) as e:
                     error = f"{path}: {' '.join(str(e).split())}"
             if error is not None:
-                bar.update(0 if infos else max(1, len(sizes)))  # an unread checkpoint's share of the bar
                 report["checkpoints"].append({"path": str(path), "error": error})
             else:
                 report["checkpoints"].append({"path": str(path), "embeddings": results})
