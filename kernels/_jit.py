@@ -83,6 +83,8 @@ def load(name: str):
     if name not in _SOURCES:
         raise ValueError(f"unknown kernel source {name!r}; expected one of {_SOURCES}")
     mode = interpreting()
+    if mode:
+        check_interpreter_numpy()
     with _LOCK:
         old = os.environ.get("TRITON_INTERPRET")
         os.environ["TRITON_INTERPRET"] = "1" if mode else "0"
@@ -105,6 +107,19 @@ def load(name: str):
                 os.environ["TRITON_INTERPRET"] = old
         _LOADED.update(zip(_SOURCES, modules))
     return modules[_SOURCES.index(name)]
+
+
+def check_interpreter_numpy() -> None:
+    """Triton's interpreter before 3.7 turns loop bounds into ints with ``int(array)`` on one-element arrays, an
+    error since numpy 2.4 (every kernel loop would fail with "only 0-dimensional arrays can be converted"): refuse
+    that pair with the fix. Compiled kernels (GPUs) are not affected."""
+    import numpy
+    import triton
+
+    version = lambda v: tuple(int(x) for x in v.split("+")[0].split(".")[:2])
+    if version(triton.__version__) < (3, 7) and version(numpy.__version__) >= (2, 4):
+        raise ValueError(f"the Triton {triton.__version__} CPU interpreter cannot run with numpy {numpy.__version__}"
+                         " (loop bounds fail on numpy >= 2.4); install numpy<2.4 or triton>=3.7 for TRITON_INTERPRET=1")
 
 
 def launch(kernel, grid, **kwargs) -> None:

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """The prepared GPU check: kernel tests on CUDA, the kernel benchmark, backbone throughput; one JSON and a log.
 
-    python tools/gpu_check.py OUT_DIR                 # on a CUDA machine (torch, triton, timm; no network): < 8 min
+    python tools/gpu_check.py OUT_DIR                 # on a CUDA machine (torch, triton, timm; no network): < 9 min
     python tools/gpu_check.py OUT_DIR --dry-run       # the same steps on the CPU with tiny shapes (checks the script)
+    WINPOS_BLOCK_IMPORTS=image WINPOS_KERNEL_FAULT=fwd python tools/gpu_check.py OUT_DIR --dry-run
+                                                      # rehearsal: the lent image's imports, a kernel broken on purpose
 
 Writes OUT_DIR/gpu_check.json (one entry per step: status, seconds, numbers), OUT_DIR/gpu_check.log and
 OUT_DIR/kernels.json (the kernel benchmark's rows). Exit 0: every step passed; 1: a step failed (the JSON says
@@ -23,10 +25,15 @@ from winpos.errors import ArgumentParser, WinposError, finite_float, run_cli  # 
 def main(argv=None):
     import argparse
 
+    from winpos.bench.blocked_imports import install_from_env
+
+    install_from_env()  # WINPOS_BLOCK_IMPORTS: refuse what the lent GPU image lacks (the rehearsal)
+
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", help="folder for gpu_check.json, gpu_check.log and kernels.json")
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, Triton interpreter: checks the script")
-    p.add_argument("--budget", type=finite_float, default=450.0, help="seconds for the whole check (default 450)")
+    p.add_argument("--budget", type=finite_float, default=450.0, help="seconds for the whole check, a hard deadline "
+                   "(default 450)")
     p.add_argument("--steps", default=None, help="comma list of steps to run (default: all)")
     p.add_argument("--force", action="store_true", help="replace the results of an earlier check in OUT_DIR")
     args = p.parse_args(argv)

@@ -326,3 +326,21 @@ def test_host_overhead_script_measures_every_row():
     for table in rows.values():
         assert set(table) == want | {"autograd floor fwd+bwd"}
         assert all(0 < r["p10"] <= r["median"] for r in table.values())
+
+
+def test_the_old_interpreter_with_new_numpy_is_refused_with_the_fix(monkeypatch):
+    """Triton < 3.7's interpreter fails every kernel loop on numpy >= 2.4: one clear error instead."""
+    import numpy
+    import triton
+
+    from winpos.kernels import _jit
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.6")
+    with pytest.raises(ValueError, match="install numpy<2.4 or triton>=3.7"):
+        _jit.check_interpreter_numpy()
+    monkeypatch.setattr(numpy, "__version__", "2.3.5")
+    _jit.check_interpreter_numpy()
+    monkeypatch.setattr(triton, "__version__", "3.8.0")
+    monkeypatch.setattr(numpy, "__version__", "2.4.6")
+    _jit.check_interpreter_numpy()
