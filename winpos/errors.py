@@ -108,7 +108,8 @@ QUIET_WARNINGS = (
     (r"torch\.meshgrid: in an upcoming release", UserWarning),  # detectron2's anchor generator
     (r"Importing from timm\.models\.layers is deprecated", FutureWarning),  # hiera-transformer imports old timm
 )
-QUIET_LOGGERS = {"torch.fx._symbolic_trace": "is_fx_tracing will return true"}  # detectron2's fx wrap check
+QUIET_LOGGERS = {"torch.fx._symbolic_trace": "is_fx_tracing will return true",  # detectron2's fx wrap check
+                 "torch.utils.cpp_extension": "No CUDA runtime is found"}  # detectron2's environment collection
 
 
 class _DropMessage:
