@@ -38,6 +38,23 @@ def _resolve_target(target, recipe, overrides) -> nn.Module:
     raise WinposError(f"target must be a preset name (see winpos.backbones.list_presets()) or a model, got {target!r}")
 
 
+def _preset_hint(flat: dict, fmt: Format, target) -> str:
+    """For a shape mismatch: the presets whose width and depth the checkpoint has (a ``--to`` to paste)."""
+    from winpos.checkpoints.adapters import adapt
+    from winpos.checkpoints.presets import matching_presets, trunk_width_depth
+
+    try:
+        trunk = adapt(flat, fmt).trunk
+    except ValueError:
+        return ""
+    width, depth = trunk_width_depth({k: v[1] if isinstance(v, tuple) else v for k, v in trunk.items()})
+    found = [p for p in matching_presets(fmt, width, depth) if p != target]
+    if not found:
+        return ""
+    return (f"; the checkpoint's width {width} and {depth} blocks match preset {' / '.join(found)}: convert with "
+            f"--to {found[0]} (create({found[0]!r}, ...))")
+
+
 def load_external(path_or_state_dict, target, format: str = "auto", recipe: str = "original", strict: bool = False,
                   **overrides):
     """Convert an outside checkpoint into winpos names for ``target``.
@@ -80,14 +97,17 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         if prefix:
             outside = [k for k in flat if not k.startswith(prefix)]
             flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
-    if is_hiera:
-        from winpos.checkpoints.hiera import convert_hiera_checkpoint
+    try:
+        if is_hiera:
+            from winpos.checkpoints.hiera import convert_hiera_checkpoint
 
-        sd, report = convert_hiera_checkpoint(flat, target=model, source=fmt)
-    else:
-        from winpos.checkpoints.vitdet import convert_to_vitdet
+            sd, report = convert_hiera_checkpoint(flat, target=model, source=fmt)
+        else:
+            from winpos.checkpoints.vitdet import convert_to_vitdet
 
-        sd, report = convert_to_vitdet(flat, model, source=fmt)
+            sd, report = convert_to_vitdet(flat, model, source=fmt)
+    except WinposError as e:
+        raise WinposError(f"{e}{_preset_hint(flat, fmt, target)}") from None
     for k in outside:
         report.add_unexpected(k, "outside the winpos backbone of the detector checkpoint (pyramid, heads)")
     if not sd:

@@ -19,6 +19,7 @@ import torch
 
 from winpos.checkpoints.formats import FORMATS, Format, detect, parse_format
 from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
+from winpos.checkpoints.presets import matching_presets, trunk_width_depth
 from winpos.diagnostics.metrics import abswin_embed, abswin_parts_from_grid
 from winpos.errors import WinposError, as_hw
 
@@ -99,22 +100,7 @@ def _adapted_position(sd: dict, fmt: Format):
         pos.grid_key = "pos_embed_spatial"
     patch = adapted.trunk.get("patch_embed.proj.weight", (None, None))[1]
     kernel = int(patch.shape[-1]) if isinstance(patch, torch.Tensor) and patch.dim() == 4 else None
-    blocks = {int(k.split(".")[1]) for k in adapted.trunk if k.startswith("blocks.") and k.split(".")[1].isdigit()}
-    return pos, kernel, prefix, (max(blocks) + 1 if blocks else None)
-
-
-def matching_presets(fmt: Format, channels: int, depth: int | None) -> list[str]:
-    """winpos presets of the checkpoint's architecture with its embedding width (and depth, when known)."""
-    from winpos.backbones import hieradet, vitdet
-
-    tables = [t for t, ok in ((hieradet.SIZES, fmt.is_hiera), (vitdet.SIZES, fmt.is_vit)) if ok]
-    found = []
-    for table in tables:
-        for name, size in table.items():
-            d = size.get("depth") or sum(size.get("stages", ()))
-            if size["embed_dim"] == channels and (depth is None or d == depth):
-                found.append(name)
-    return found
+    return pos, kernel, prefix, trunk_width_depth({k: v[1] for k, v in adapted.trunk.items()})[1]
 
 
 def native_size_from_config(checkpoint) -> tuple[int, str] | None:

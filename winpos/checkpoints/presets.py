@@ -1,0 +1,33 @@
+"""Which winpos presets a checkpoint's trunk fits: its embedding width and depth against the preset tables
+(``winpos.backbones.hieradet.SIZES`` / ``vitdet.SIZES``), for the ``--to`` a tool's advice fills in."""
+from __future__ import annotations
+
+import torch
+
+from winpos.checkpoints.formats import Format
+
+__all__ = ["matching_presets", "trunk_width_depth"]
+
+
+def trunk_width_depth(trunk: dict) -> tuple[int | None, int | None]:
+    """``(embedding width, number of blocks)`` of a trunk state dict in winpos names (None where not told)."""
+    patch = trunk.get("patch_embed.proj.weight")
+    width = int(patch.shape[0]) if isinstance(patch, torch.Tensor) and patch.dim() == 4 else None
+    blocks = {int(k.split(".")[1]) for k in trunk if k.startswith("blocks.") and k.split(".")[1].isdigit()}
+    return width, (max(blocks) + 1 if blocks else None)
+
+
+def matching_presets(fmt: Format, width: int | None, depth: int | None) -> list[str]:
+    """Presets of the checkpoint's architecture with embedding width ``width`` (and ``depth`` blocks, when known)."""
+    from winpos.backbones import hieradet, vitdet
+
+    if width is None:
+        return []
+    tables = [t for t, ok in ((hieradet.SIZES, fmt.is_hiera), (vitdet.SIZES, fmt.is_vit)) if ok]
+    found = []
+    for table in tables:
+        for name, size in table.items():
+            d = size.get("depth") or sum(size.get("stages", ()))
+            if size["embed_dim"] == width and (depth is None or d == depth):
+                found.append(name)
+    return found
