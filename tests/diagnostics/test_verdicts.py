@@ -164,3 +164,14 @@ def test_converter_global_grid_advice_works_when_pasted(tmp_path, capsys):
     net = create("hieradet_toy", recipe="original", pos_embed="abswin", pos_global_size=56)
     missing, unexpected = net.load_state_dict(load_file(str(tmp_path / "b.safetensors")), strict=False)
     assert not unexpected and net.pos_embed.global_embed.shape[-1] == 56
+
+
+def test_zero_embedding_figure_says_constant_not_too_few_windows(tmp_path, monkeypatch):
+    from winpos.diagnostics import plots
+
+    texts = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path, pdf: texts.extend(
+        t.get_text() for ax in fig.axes for t in ax.texts) or [path])
+    (info,) = effective_embeddings(sam2_checkpoint(tmp_path / "zero.pt", zero=True))
+    plots.plot_window_similarity(plots.states_at(info, 512), 8, tmp_path / "ws.png")
+    assert len(texts) == 6 and all("constant over positions" in t for t in texts), texts

@@ -231,9 +231,12 @@ def plot_window_similarity(panels: Sequence[Panel], window: int, path, title: st
             off = offset_similarity_map(E, window, centred=True)
             ws = window_similarity(E, window, centred=True)
         except ValueError:
+            flat = E.detach().flatten(1)
+            why = ("is constant over positions\n(e.g. zero-initialized): no window\nstructure to compare"
+                   if bool((flat.max(1).values == flat.min(1).values).all()) else
+                   f"holds fewer than 2 full\n{window}x{window} windows")
             for a in (ax, ax2):
-                a.text(0.5, 0.5, f"{label}:\nthe {E.shape[1]}x{E.shape[2]}-token grid holds\nfewer than 2 full "
-                       f"{window}x{window} windows", ha="center",
+                a.text(0.5, 0.5, f"{label}:\nthe {E.shape[1]}x{E.shape[2]}-token grid {why}", ha="center",
                        va="center", transform=a.transAxes)
                 a.set_axis_off()
             continue

@@ -115,7 +115,7 @@ def verdict(image_px, grid_hw, window: int, before: float | None, naive: float |
         return (f"{where}: no window pattern (reference WS {ref:.2f} < {NO_PATTERN_WS}): the bug cannot matter for "
                 "this embedding; nothing to fix")
     frac = naive / ref
-    kept = f"naive keeps {frac:.0%} of WS {ref:.2f} (-> {naive:.2f})"
+    kept = f"naive keeps {max(frac, 0.0):.0%} of WS {ref:.2f} (-> {naive:.2f})"
     if frac < BROKEN_FRACTION:
         if before is None:  # e.g. MAE / ViTDet: the pretrained grid is a single window
             return (f"{where}: broken: each window gets a different piece of the pretrained embedding; {kept} of "
