@@ -4,6 +4,11 @@ Every check raises ``WinposError``, a ``ValueError`` whose message is one senten
 problem and the fix. The command-line tools run their ``main`` through ``run_cli``, which prints any such error as
 one ``error: ...`` line on stderr and exits with ``EXIT_USAGE`` (2), the status argparse also uses for bad
 arguments. A failure that is not the user's input (a full disk while writing) exits with ``EXIT_FAILED`` (1).
+
+The tools share one policy besides: they import torch and detectron2 only after parsing (``--help`` and argument
+errors answer at once; this module imports neither), they refuse what they can before any work (outputs, class
+counts, sizes), a tool that draws a progress bar takes ``--no-progress``, and ``quiet_third_party_warnings`` is the
+one place where upstream warnings that a winpos user cannot act on are filtered.
 """
 from __future__ import annotations
 
