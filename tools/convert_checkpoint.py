@@ -7,11 +7,11 @@ backbone, or a winpos checkpoint into another pos_embed choice.
 
 The output holds the backbone's state dict (safetensors, or a .pth/.pt saved for weights_only loading; the suffix
 chooses) and loads with ``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. The
-load report is printed, then the line that builds the model it loads into. A HieraDet whose global embedding
-grid differs from the checkpoint's is converted lossily (the report says so); --pos-global-size N builds the target
-with an NxN grid (pos_global_size=N) and keeps it exact. The output is checked before the conversion starts: it may not be the input, an existing
-file is replaced only with --force, and it is written atomically (an interrupted or failed write leaves the
-previous file as it was and no temporary file). Exit status 2 for bad input, 1 when writing fails.
+load report is printed, then the line that builds the model it loads into. A HieraDet whose global embedding grid
+differs from the checkpoint's is converted lossily (the report says so); --pos-global-size N builds the target with
+an NxN grid (pos_global_size=N) and keeps it exact. The output is checked before the conversion starts: it may not
+be the input, an existing file is replaced only with --force, and it is written atomically (an interrupted or failed
+write leaves the previous file as it was and no temporary file). Exit status 2 for bad input, 1 when writing fails.
 """
 import sys
 from pathlib import Path

@@ -178,7 +178,8 @@ def analyze(info: EmbeddingInfo, target_sizes: Iterable | None = None, window: i
     return {
         "name": info.name, "format": str(info.format), "source": info.source, "window": w, "stride": info.stride,
         "antialias": info.antialias, "abswin_source": info.abswin_source, "notes": list(info.notes),
-        "native_from": info.native_from, "presets": list(info.presets), "thresholds": THRESHOLDS, "native": native, "targets": targets, "verdicts": [t["verdict"] for t in targets],
+        "native_from": info.native_from, "presets": list(info.presets), "thresholds": THRESHOLDS, "native": native,
+        "targets": targets, "verdicts": [t["verdict"] for t in targets],
     }
 
 
