@@ -264,6 +264,7 @@ def _unchecked(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mode="zeros
 
 def _fused(q, k, v, window, pos, valid_hw, pad_mode, scale, blocks, pack, check):
     _check_qkv(q, k, v)
+    q_in, k_in = q, k
     rope = getattr(pos, "rope", None)
     rel_pos = getattr(pos, "rel_pos", None)
     lookhere = getattr(pos, "lookhere", None)
@@ -297,8 +298,8 @@ def _fused(q, k, v, window, pos, valid_hw, pad_mode, scale, blocks, pack, check)
         verdict = self_check.RESULTS.get(sig)
         if verdict is None and self_check.should_check(q):
             verdict = self_check.run(sig, q, k, window, pos, valid_hw, pad_mode, scale, geometry, _unchecked)
-        if verdict is not None and not verdict.ok:
-            return self_check.reference()(q, k, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode,
+        if verdict is not None and not verdict.ok:  # the caller's q and k (RoPE may have rotated ours)
+            return self_check.reference()(q_in, k_in, v, window=window, pos=pos, valid_hw=valid_hw, pad_mode=pad_mode,
                                           scale=scale)
     plan = Plan(n_wh, n_ww, *q_win, *k_win, pool, qvh, qvw, kvh, kvw, pad_mask, rot_dims, int(half), *blocks, pack)
     return attention(q, k, v, rel, cos_q, sin_q, cos_k, sin_k, fov, slopes, cls, list(plan), scale)  # all ints

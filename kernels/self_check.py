@@ -5,7 +5,7 @@ attention), query pooling, windows per program, the padding mask, the position t
 pairing, relpos, LookHere) and the tile shape. The first eager call of a signature runs a small problem of that
 signature (batch 1, a few windows, the caller's heads and position modules, random inputs) through the kernels and
 through the reference attention, forward and backward (out, dq, dk, dv; max error against ``TOL[dtype] * (1 +
-|reference|)``). Within tolerance, the kernels serve the signature from then on. Out of tolerance, or when the
+|reference|)``; the forward alone under ``torch.inference_mode``, where nothing can record gradients). Within tolerance, the kernels serve the signature from then on. Out of tolerance, or when the
 kernels raise, winpos warns once (``KernelSelfCheckWarning``, naming the signature and how to report it) and every
 later call of that signature is served by the reference: correct, slower.
 
@@ -153,15 +153,20 @@ def run(sig: Signature, q, k, window, pos, valid_hw, pad_mode, scale, geometry, 
     blocks, pack = geometry[6], geometry[7]
     qs, ks, vs, kw = _problem(q, k, window, valid_hw, pad_mode, geometry, torch.Generator().manual_seed(0))
     ref_dtype = torch.float64 if q.dtype == torch.float32 else torch.float32
+    # Under torch.inference_mode nothing can record autograd (the position tables it built are inference tensors):
+    # the forward alone is checked there.
+    backward = not torch.is_inference_mode_enabled()
     try:
-        with torch.enable_grad(), torch.autocast(q.device.type, enabled=False):
-            leaves = [t.requires_grad_() for t in (qs, ks, vs)]
+        with torch.set_grad_enabled(backward), torch.autocast(q.device.type, enabled=False):
+            leaves = [t.requires_grad_(backward) for t in (qs, ks, vs)]
             out = fused(*leaves, pos=pos, scale=scale, blocks=blocks, pack=pack, **kw)
-            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
-            got = [out, *torch.autograd.grad(out, leaves, g)]
-            ref_leaves = [t.detach().to(ref_dtype).requires_grad_() for t in (qs, ks, vs)]
+            ref_leaves = [t.detach().to(ref_dtype).requires_grad_(backward) for t in (qs, ks, vs)]
             ref = _REFERENCE(*ref_leaves, pos=pos, scale=scale, **kw)
-            want = [ref, *torch.autograd.grad(ref, ref_leaves, g.to(ref_dtype))]
+            got, want = [out], [ref]
+            if backward:
+                g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+                got += torch.autograd.grad(out, leaves, g)
+                want += torch.autograd.grad(ref, ref_leaves, g.to(ref_dtype))
         for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
             a, b = a.detach().to(ref_dtype), b.detach()
             err = ((a - b).abs() / (1 + b.abs())).nan_to_num(nan=float("inf")).max().item()

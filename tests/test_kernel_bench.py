@@ -159,3 +159,18 @@ def test_bench_modules_import_each_other_one_way():
     cycles = [c for c in (cycle_from(m, m, set()) for m in graph) if c]
     assert cycles == [], f"import circles in winpos.bench: {cycles}"
     assert "kernels" not in graph["kernel_sweep"] and "kernel_common" in graph["kernel_sweep"]
+
+
+def test_rows_run_sdpa_and_triton_per_shape_before_the_terms_and_the_peers():
+    """However short the budget, every shape (the HieraDet ones before ViTDet-L) gets its ``sdpa`` and ``triton``
+    rows first; every peer row comes after every core row; nothing is lost or repeated."""
+    shapes = bench.gpu_shapes()
+    order = bench.row_order(shapes, set(baselines.IMPLS))
+    assert order[:2 * len(shapes)] == [(s, "none", i) for s in shapes for i in ("sdpa", "triton")]
+    models = [s.model for s, _, _ in order[:2 * len(shapes)]]
+    assert models.index("hieradet_b+") < models.index("vitdet_l") and models[0] == "vitdet_b"
+    core = [n for n, (_, _, impl) in enumerate(order) if impl in ("sdpa", "triton")]
+    peers = [n for n, (_, _, impl) in enumerate(order) if impl not in ("sdpa", "triton")]
+    assert max(core) < min(peers)
+    assert sorted(map(str, order)) == sorted(str((s, v, i)) for s in shapes for v in bench.VARIANTS
+                                             for i in baselines.IMPLS)

@@ -230,6 +230,8 @@ def aligned(kwargs) -> bool:
 def compile_rows(specs, log=None) -> list[dict]:
     import triton
 
+    from winpos.kernels.launch_config import launch_key, shared_estimate
+
     cache, rows = {}, []
     for shape, term in specs:
         for name, fn, grid, kwargs in capture(shape, term):
@@ -239,7 +241,9 @@ def compile_rows(specs, log=None) -> list[dict]:
                 start = time.time()
                 compiled = triton.compile(src, target=_TARGET, options=opts.__dict__)
                 cache[key] = dict(analyse(compiled), compile_s=round(time.time() - start, 1))
+            tuned_key = launch_key(kwargs, backward=name != "attn_fwd")
             row = dict(id=row_id(shape, term, name), model=shape.model, stage=shape.stage, term=term, kernel=name,
+                       shared_estimate=shared_estimate(tuned_key, opts.num_stages),
                        head_dim=shape.head_dim, grid=list(grid), num_warps=opts.num_warps, num_stages=opts.num_stages,
                        blocks=[kwargs["BLOCK_M"], kwargs["BLOCK_N"]], aligned=aligned(kwargs), fresh=fresh,
                        **cache[key])

@@ -14,7 +14,9 @@ cold, 1 min warm). The checks, per kernel and shape:
 * no ptxas C7515 ("wgmma serialized").
 
 A known shortfall is an ``xfail(strict=True)`` entry in ``KNOWN`` with the reason and the planned fix: the
-entry must go when the fix lands (a strict xfail that passes fails the suite). Set ``WINPOS_COMPILE_TABLE`` to a
+entry must go when the fix lands (a strict xfail that passes fails the suite). What differs between the Triton
+releases it was measured under (3.8, the project's; 3.6, the lent GPU image's) is in ``KNOWN_BY_TRITON``; under
+any other release the module refuses to run until it has been measured there. Set ``WINPOS_COMPILE_TABLE`` to a
 file path to write the compile table (markdown) this check measured.
 """
 import json
@@ -40,8 +42,34 @@ KNOWN = {
 }
 
 
+# The same checks per Triton release (major, minor): what that compiler does differently, measured. Triton 3.6 is
+# the lent GPU image's; the project pins 3.8 (torch 2.14.1). Under 3.6 (2026-12-02, --all, 331 s) every check
+# holds except these twelve dK/dV kernels, which reach 255 registers and spill 8-64 B (3.8: 201-249, none).
+_SPILL_36 = "because Triton 3.6 allocates these dK/dV kernels 255 registers and spills 8-64 B (3.8: none)"
+KNOWN_BY_TRITON = {
+    (3, 6): {"no_spills": [(re.escape(rid), _SPILL_36) for rid in (
+        "ViTDet-B global D64 relpos attn_bwd_dkdv", "Hiera-B+ s2 w4 D56 none attn_bwd_dkdv",
+        "Hiera-B+ s2 w4 D56 rope attn_bwd_dkdv", "Hiera-B+ s2>3 pool D56 none attn_bwd_dkdv",
+        "Hiera-B+ s2>3 pool D56 rope attn_bwd_dkdv", "Hiera-B+ s3 w14 pad D56 none attn_bwd_dkdv",
+        "Hiera-B+ s3 w14 pad D56 rope attn_bwd_dkdv", "Hiera-B+ s3 w14 pad D56 lookhere attn_bwd_dkdv",
+        "Hiera-B+ s3 global D56 relpos attn_bwd_dkdv", "Hiera-B+ s4 w7 pad D56 none attn_bwd_dkdv",
+        "Hiera-B+ s4 w7 pad D56 rope attn_bwd_dkdv", "Hiera-B+ s4 w7 pad D56 lookhere attn_bwd_dkdv")]},
+    (3, 8): {},
+}
+
+
+def _triton_release() -> tuple:
+    import triton
+
+    release = tuple(int(x) for x in triton.__version__.split(".")[:2])
+    if release not in KNOWN_BY_TRITON:
+        raise RuntimeError(f"the sm_90a compile checks were measured under Triton {sorted(KNOWN_BY_TRITON)}, not "
+                           f"{triton.__version__}: run them once under it and record what differs in KNOWN_BY_TRITON")
+    return release
+
+
 def _known(check: str, rid: str):
-    for pattern, reason in KNOWN[check]:
+    for pattern, reason in KNOWN[check] + KNOWN_BY_TRITON[_triton_release()].get(check, []):
         if re.search(pattern, rid):
             return reason
     return None
@@ -85,6 +113,17 @@ def test_main_loop_is_pipelined_with_cp_async(rows, rid):
 def test_no_register_spills(rows, rid):
     r = rows[rid]
     assert r["spill"] == 0, f"{rid}: {r['spill']} bytes of spill stores + loads at {r['regs']} registers"
+
+
+@pytest.mark.parametrize("rid", ROW_IDS)
+def test_shared_memory_fits_sm90_and_its_estimate(rows, rid):
+    """What ptxas allocates stays under the 227 KB an sm_90 program may use and under
+    ``launch_config.shared_estimate``, the bound ``set_tuned`` and the sweep apply to options never compiled."""
+    from winpos.kernels.launch_config import SHARED_LIMIT
+
+    r = rows[rid]
+    assert 0 < r["shared"] <= SHARED_LIMIT, f"{rid}: {r['shared']} bytes of shared memory"
+    assert r["shared"] <= r["shared_estimate"], f"{rid}: {r['shared']} bytes > estimate {r['shared_estimate']}"
 
 
 @pytest.mark.parametrize("rid", _params("no_serialized_wgmma"))

@@ -15,6 +15,7 @@ from winpos.attention import PositionTerms, reference_attention
 from winpos.kernels import (KernelSelfCheckWarning, _jit, self_check, self_check_report, set_self_check,
                             window_attention)
 from winpos.posemb.relpos import RelPosTables
+from winpos.posemb.rope import RoPE
 
 
 @pytest.fixture
@@ -38,11 +39,12 @@ def _qkv(H=8, W=8, heads=2, D=32):
     return [torch.randn(1, H, W, heads, D, device=DEVICE, requires_grad=True) for _ in range(3)]
 
 
-@pytest.mark.parametrize("broken", ["fwd", "dq"])
-def test_a_broken_kernel_falls_back_with_one_warning_and_stays_right(broken, checked, monkeypatch, device):
+@pytest.mark.parametrize("broken,rope", [("fwd", False), ("dq", False), ("fwd", True)])
+def test_a_broken_kernel_falls_back_with_one_warning_and_stays_right(broken, rope, checked, monkeypatch, device):
+    """With RoPE and relpos, q and k are rotated before the kernels: the fallback must get the caller's."""
     monkeypatch.setattr(_jit, "FAULTS", frozenset({broken}))
     rel_pos = RelPosTables(32, 4, zero_init=False).to(DEVICE).tables()
-    kwargs = dict(window=4, pos=PositionTerms(rel_pos=rel_pos))
+    kwargs = dict(window=4, pos=PositionTerms(rel_pos=rel_pos, rope=RoPE(32, 2).to(DEVICE) if rope else None))
     q, k, v = _qkv()
     out, warned = _call(q, k, v, **kwargs)
     assert len(warned) == 1, warned
@@ -101,3 +103,17 @@ def test_the_environment_switch_is_read_at_import_and_validated():
     res = subprocess.run([sys.executable, "-c", code], env=dict(env, WINPOS_KERNEL_SELF_CHECK="maybe"),
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "WINPOS_KERNEL_SELF_CHECK='maybe' must be 0 (off) or 1" in res.stderr
+
+
+def test_under_inference_mode_the_forward_is_checked(checked, monkeypatch, device):
+    """``torch.inference_mode`` allows no autograd: the check compares the forward alone, still catches a broken
+    forward kernel, and passes healthy ones without a false alarm."""
+    q, k, v = (t.detach() for t in _qkv())
+    with torch.inference_mode():
+        out, warned = _call(q, k, v, window=4)
+    assert warned == [] and list(self_check_report()["checked"][0]["errors"]) == ["out"]
+    monkeypatch.setattr(_jit, "FAULTS", frozenset({"fwd"}))
+    with torch.inference_mode():
+        broken, warned = _call(q, k, v, window=8)
+    assert len(warned) == 1 and "out off by" in str(warned[0].message)
+    torch.testing.assert_close(broken, reference_attention(q, k, v, window=8), atol=1e-6, rtol=1e-6)

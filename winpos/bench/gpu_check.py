@@ -55,11 +55,12 @@ COMPILED_ROW_S = 150.0  # a torch.compile row starts only with this much left (c
 EAGER_ROW_S = 60.0
 TRITON_IMPLS = ("triton", "triton_rope_unfused")
 SCHEMA_VERSION = 2
-# pytest selections: the 16-bit kernel cases, backbones and API first; fp32 cases (ids end in -float32) and the
-# drawn shapes (fp32, new kernels per example) last. The dry run takes a few of each under the interpreter.
-KERNEL_TEST_FILES = ("tests/kernels/test_window_attention.py", "tests/kernels/test_backbone_kernels.py",
-                     "tests/kernels/test_hazards.py", "tests/kernels/test_self_check.py",
-                     "tests/kernels/test_kernel_api.py", "tests/kernels/test_rope_kernel.py")
+# pytest selections: the 16-bit kernel cases, the hazards, self-check and API tests, then the tiny backbones (fp32
+# models: their exact-fp32 kernels compile slowly, so a kill cuts them first); the fp32 cases (ids end in -float32)
+# and the drawn shapes (fp32, new kernels per example) in the last step. The dry run takes a few of each under the interpreter.
+KERNEL_TEST_FILES = ("tests/kernels/test_window_attention.py", "tests/kernels/test_hazards.py",
+                     "tests/kernels/test_self_check.py", "tests/kernels/test_kernel_api.py",
+                     "tests/kernels/test_rope_kernel.py", "tests/kernels/test_backbone_kernels.py")  # fp32 models last
 FIRST = "not float32 and not drawn_shapes"
 FP32 = "float32 or drawn_shapes"
 DRY_FIRST = "hiera_w8_d56-float16 or pack4_w4_rope_pad_d56 or hiera_w7_pad_lookhere_d56-float16"

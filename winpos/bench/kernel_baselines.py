@@ -3,7 +3,7 @@ entries, each as ``fn(qkv) -> out`` over one ``(B, H, W, 3, heads, D)`` projecti
 partition copies of q, k and v (``sdpa_baseline``) or of the whole projection output (``sdpa_xpart``), with RoPE
 applied by PyTorch and relpos / LookHere as a materialized bias (``sdpa_groups``); RoPE by the standalone kernel
 before the fused one (``unfused_rope``); FlexAttention and the PyTorch reference through ``winpos.attention``.
-``shape`` is a ``winpos.bench.kernels.Shape`` (window, pool, grid, heads, head_dim).
+``shape`` is a ``winpos.bench.kernel_common.Shape`` (window, pool, grid, heads, head_dim).
 """
 
 def make_pos(shape, variant: str, device):

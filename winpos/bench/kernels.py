@@ -28,8 +28,10 @@ max abs difference to ``sdpa``. Implementations that cannot run here are listed 
 ``--sweep`` times the fused kernels instead over a grid of tile shapes and warps per shape and variant (the hook
 ``winpos.kernels.launch_config.set_tuned``) and writes the best launch options per kernel as ``tuned``:
 the table to commit as the kernels' defaults after a GPU run.
-Results are written after every row, so a run cut short still leaves a valid JSON; ``--budget`` seconds bound the
-whole run (rows beyond it are listed as skipped). Refuses to run on a machine without CUDA unless ``--dry-run``.
+Rows run in ``row_order``: one ``sdpa`` and one ``triton`` row per shape first (the HieraDet shapes are reached
+however short the budget), then the position terms, then the peers. Results are written after every row, so a
+run cut short still leaves a valid JSON; ``--budget`` seconds bound the whole run (rows beyond it are listed as
+skipped). Shapes, inputs and timing come from ``kernel_common``, which the sweep shares. Refuses to run on a machine without CUDA unless ``--dry-run``.
 
 ``tools/benchmark.py kernels`` runs this module in a child process (``command`` / ``run``): ``--dry-run`` needs
 the Triton interpreter, which Triton fixes at its first import in a process. Without CUDA that wrapper says so
