@@ -1,5 +1,5 @@
 # Training options read by tools/train_net.py (winpos.d2.engine). Same keys as detectron2's common/train.py,
-# plus seed, device="auto", amp.precision / amp.eval and clip_grad.
+# plus seed, device="auto", amp.precision / amp.eval, grad_accum_steps and clip_grad.
 train = dict(
     output_dir="./output",
     init_checkpoint="",  # any format winpos imports: detector .pth/.pkl, MAE, Hiera, SAM, SAM2, timm

@@ -29,8 +29,8 @@ def recipe_key(path) -> str:
 
 
 HIERADET_SIZES = ("t", "s", "b", "bplus", "l", "h")
-HEADER = re.compile(r"^# (Cascade )?Mask R-CNN, (ViTDet|HieraDet)-(\w\+?): (\d+) epochs = (\d+) iterations at batch (\d+), "
-                    r"lr steps at (\d+) / (\d+)\.$")
+HEADER = re.compile(r"^# (Cascade )?Mask R-CNN, (ViTDet|HieraDet)-(\w\+?): (\d+) epochs = (\d+) iterations "
+                    r"at batch (\d+), lr steps at (\d+) / (\d+)\.$")
 
 
 def test_the_glob_sees_every_family():

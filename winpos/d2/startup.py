@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 
 from winpos.errors import WinposError
 
-__all__ = ["BatchPlan", "batch_plan", "plan_of", "start_up_block", "check_before_launch", "COCO_EPOCH_IMAGES"]
+__all__ = ["BatchPlan", "batch_plan", "plan_of", "start_up_block", "check_before_launch", "check_coco_present",
+           "COCO_EPOCH_IMAGES"]
 
 COCO_EPOCH_IMAGES = 118000  # detectron2's epoch arithmetic for coco_2017_train: 184375 x 64 / 118000 = 100 epochs
 RECIPE_KEYS = ("model.backbone.net", "model.backbone.bottom_up")  # ViTDet (SimpleFeaturePyramid) / HieraDet (FPN)
@@ -105,12 +106,35 @@ def start_up_block(cfg, world_size: int, device: str = "cuda", epoch_images: int
     return "\n".join(["training plan:"] + [f"  {k:<{width}}  {v}" for k, v in rows])
 
 
+def check_coco_present(cfg) -> None:
+    """Refuse in one line a config whose builtin COCO dataset (``coco_*`` names, registered by detectron2 under
+    ``$DETECTRON2_DATASETS/coco``) is not on disk, naming the variable, instead of a file error from deep inside."""
+    import os
+
+    from detectron2.data import DatasetCatalog, MetadataCatalog
+
+    for key in ("dataloader.train.dataset.names", "dataloader.test.dataset.names"):
+        names = OmegaConf.select(cfg, key, default=None)
+        for name in [names] if isinstance(names, str) else list(names or ()):
+            if not str(name).startswith("coco_") or name not in DatasetCatalog.list():
+                continue
+            meta = MetadataCatalog.get(name)
+            missing = [p for p in (meta.get("json_file", None), meta.get("image_root", None))
+                       if p and not os.path.exists(p)]
+            if missing:
+                root = os.environ.get("DETECTRON2_DATASETS", "datasets (the default)")
+                raise WinposError(f"dataset {name}: {missing[0]} does not exist; COCO is read from "
+                                  f"$DETECTRON2_DATASETS/coco (DETECTRON2_DATASETS={root}): set DETECTRON2_DATASETS "
+                                  "to the folder holding coco/annotations, coco/train2017 and coco/val2017")
+
+
 def check_before_launch(args) -> None:
     """Refuse, before any process starts, a total batch that ``--num-gpus x --num-machines`` processes and the
-    config's accumulation cannot make (a refusal inside launched processes would be one traceback per rank)."""
-    if getattr(args, "eval_only", False):
-        return
+    config's accumulation cannot make, and a COCO dataset that is not on disk (a refusal inside launched processes
+    would be one traceback per rank)."""
     from winpos.d2.config import load_config
 
     cfg = load_config(args.config_file, args.opts)
-    plan_of(cfg, args.num_gpus * args.num_machines)
+    if not getattr(args, "eval_only", False):
+        plan_of(cfg, args.num_gpus * args.num_machines)
+    check_coco_present(cfg)
