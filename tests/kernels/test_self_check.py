@@ -117,3 +117,16 @@ def test_under_inference_mode_the_forward_is_checked(checked, monkeypatch, devic
         broken, warned = _call(q, k, v, window=8)
     assert len(warned) == 1 and "out off by" in str(warned[0].message)
     torch.testing.assert_close(broken, reference_attention(q, k, v, window=8), atol=1e-6, rtol=1e-6)
+
+
+def test_nothing_is_checked_while_torch_compile_traces(checked, device):
+    """Tracing sees fake tensors: the check runs at the first eager call of a signature (a compiled model's eager
+    warm-up), never inside a trace, where it would be a graph break and a host sync."""
+    q, k, v = (t.detach() for t in _qkv())
+    torch._dynamo.reset()
+    fn = torch.compile(lambda q, k, v: window_attention(q, k, v, window=4), backend="eager")
+    fn(q, k, v)
+    assert self_check_report()["checked"] == []
+    window_attention(q, k, v, window=4)  # eager: checked now
+    assert [c["ok"] for c in self_check_report()["checked"]] == [True]
+    torch._dynamo.reset()
