@@ -5,9 +5,10 @@ attention), query pooling, windows per program, the padding mask, the position t
 pairing, relpos, LookHere) and the tile shape. The first eager call of a signature runs a small problem of that
 signature (batch 1, a few windows, the caller's heads and position modules, random inputs) through the kernels and
 through the reference attention, forward and backward (out, dq, dk, dv; max error against ``TOL[dtype] * (1 +
-|reference|)``; the forward alone under ``torch.inference_mode``, where nothing can record gradients). Within tolerance, the kernels serve the signature from then on. Out of tolerance, or when the
-kernels raise, winpos warns once (``KernelSelfCheckWarning``, naming the signature and how to report it) and every
-later call of that signature is served by the reference: correct, slower.
+|reference|)``; the forward alone under ``torch.inference_mode``, where nothing can record gradients). Within
+tolerance, the kernels serve the signature from then on. Out of tolerance, or when the kernels raise, winpos warns
+once (``KernelSelfCheckWarning``, naming the signature and how to report it) and every later call of that signature
+is served by the reference: correct, slower.
 
 Switch: ``WINPOS_KERNEL_SELF_CHECK=0`` (off) / ``1`` (on, the CPU interpreter included), read at import, or
 ``set_self_check(False / True / None)``; unset / None: on for CUDA tensors only. ``self_check_report()`` lists

@@ -57,7 +57,8 @@ TRITON_IMPLS = ("triton", "triton_rope_unfused")
 SCHEMA_VERSION = 2
 # pytest selections: the 16-bit kernel cases, the hazards, self-check and API tests, then the tiny backbones (fp32
 # models: their exact-fp32 kernels compile slowly, so a kill cuts them first); the fp32 cases (ids end in -float32)
-# and the drawn shapes (fp32, new kernels per example) in the last step. The dry run takes a few of each under the interpreter.
+# and the drawn shapes (fp32, new kernels per example) in the last step. The dry run takes a few of each under
+# the interpreter.
 KERNEL_TEST_FILES = ("tests/kernels/test_window_attention.py", "tests/kernels/test_hazards.py",
                      "tests/kernels/test_self_check.py", "tests/kernels/test_kernel_api.py",
                      "tests/kernels/test_rope_kernel.py", "tests/kernels/test_backbone_kernels.py")  # fp32 models last
@@ -300,7 +301,8 @@ def step_backbones(ctx) -> dict:
         need = COMPILED_ROW_S if compiled else EAGER_ROW_S * (0.25 if ctx["dry_run"] else 1)
         left = end - time.time()
         if left < need:
-            rows.append({"model": name, "compiled": compiled, "status": f"skipped: {left:.0f} s left, needs {need:.0f}"})
+            rows.append({"model": name, "compiled": compiled,
+                         "status": f"skipped: {left:.0f} s left, needs {need:.0f}"})
             continue
         path = ctx["out"] / "backbone_row.json"
         path.unlink(missing_ok=True)

@@ -45,8 +45,8 @@ import time
 from dataclasses import asdict
 
 from .kernel_baselines import IMPLS, impl_fn, make_pos, unavailable
-from .kernel_common import (VARIANTS, Shape, dry_run_shapes, gpu_shapes, inputs, new_report, plan, time_fn,  # noqa: F401
-                            write)
+from .kernel_common import (  # noqa: F401  (VARIANTS, Shape, gpu_shapes: this module's interface too)
+    VARIANTS, Shape, dry_run_shapes, gpu_shapes, inputs, new_report, plan, time_fn, write)
 
 GPU_NEEDED = ("the kernel benchmark needs a CUDA GPU and none is available: running its --dry-run instead "
               "(tiny shapes under the Triton interpreter; it checks the benchmark end to end, the timings are "
