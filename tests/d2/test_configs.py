@@ -185,3 +185,29 @@ def test_strict_overrides():
         apply_overrides(cfg, ["train.max_iter.x=3"])
     with pytest.raises(ValueError, match="does not exist"):
         load_config(CONFIGS / "shapes" / "no_such_config.py")
+
+
+HIERADET_MASK = [CONFIGS / "COCO" / f"mask_rcnn_hieradet_{s}_100ep.py" for s in HIERADET_SIZES]
+
+
+@pytest.mark.parametrize("path", HIERADET_MASK, ids=ids(HIERADET_MASK))
+@pytest.mark.parametrize("recipe", ["original", "paper"])
+def test_hieradet_init_converts_exactly(path, recipe):
+    """The config's geometry (windows, global grid, recursive period) takes an official Hiera's 56x56 embedding
+    without loss: no resized key, window part = mean tile, global part = the residual. Oracle: the ``hiera``
+    package's Hiera (MAE layout, q_pool=2) at 16 channels, the config's backbone at the same width."""
+    import hiera  # an oracle package tools/setup_env.sh installs
+
+    from winpos.backbones.hieradet import SIZES
+    from winpos.checkpoints.hiera import load_hiera_checkpoint
+
+    stages = SIZES[f"hieradet_{path.stem.split('_')[3]}"]["stages"]
+    cfg = load_config(path, [f"model.backbone.bottom_up.recipe={recipe}", "model.backbone.bottom_up.embed_dim=16",
+                             "model.backbone.bottom_up.num_heads=1"])
+    net = instantiate(cfg.model.backbone.bottom_up).net
+    source = hiera.Hiera(embed_dim=16, num_heads=1, stages=stages, q_pool=2, num_classes=1)
+    report = load_hiera_checkpoint(net, {"model_state": source.state_dict()})
+    assert not report.reshaped, report.reshaped
+    assert dict(report.converted) == {
+        "pos_embed.window_embed": "mean of the 7x7 full 8x8 tiles of pos_embed (exact abs -> abs-win)",
+        "pos_embed.global_embed": "residual of the tiled window embedding (exact)"}
