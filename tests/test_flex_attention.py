@@ -23,6 +23,10 @@ from winpos.posemb.rope import RoPE, rope_on_grid
 pytestmark = pytest.mark.skipif(not F.flex_available(), reason="this torch has no FlexAttention")
 
 HEADS, D = 4, 8
+# The backend refuses float64 (PyTorch's FlexAttention compiles only 32- and 16-bit floats), so every flex call runs
+# in float32 and is held to float32 rounding of the reference computed on the same inputs.
+F32 = torch.float32
+TOL = dict(rtol=0, atol=2e-6)
 
 
 @pytest.fixture
@@ -66,14 +70,14 @@ CASES = [  # H, W, window, stride
 @pytest.mark.parametrize("kind,H,W,window,stride", [(kind, *case) for kind in ("none", "rope", "relpos", "lookhere")
                                                     for case in CASES] + [("relpos+lookhere", 8, 8, 4, 2)])
 def test_flex_equals_reference_and_dense(counter, kind, H, W, window, stride):
-    q, k, v = _qkv(2, H, W, stride)
-    pos = _terms(kind, window or max(H, W))
+    q, k, v = _qkv(2, H, W, stride, dtype=F32)
+    pos = _terms(kind, window or max(H, W), dtype=F32)
     with torch.no_grad():
         out = attention(q, k, v, window=window, pos=pos, backend="flex")
         ref = reference_attention(q, k, v, window=window, pos=pos)
         dense = dense_attention(q, k, v, window=window, pos=pos)
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
-    torch.testing.assert_close(out, dense, rtol=0, atol=1e-10)
+    torch.testing.assert_close(out, ref, **TOL)
+    torch.testing.assert_close(out, dense, **TOL)
     assert counter.frame_count == 1
 
 
@@ -81,34 +85,34 @@ def test_flex_equals_reference_and_dense(counter, kind, H, W, window, stride):
     ("none", 8, 8, (6, 7), 4, 1), ("lookhere", 8, 8, (6, 7), 4, 1), ("lookhere", 8, 12, (7, 9), None, 1),
     ("relpos", 8, 12, (7, 9), None, 1), ("lookhere", 8, 8, (5, 6), 4, 2), ("none", 8, 8, (5, 6), 4, 2)])
 def test_flex_pad_modes_equal_reference(counter, kind, H, W, valid, window, stride):
-    q, k, v = _qkv(2, H, W, stride)
-    pos = _terms(kind, window or max(H, W))
+    q, k, v = _qkv(2, H, W, stride, dtype=F32)
+    pos = _terms(kind, window or max(H, W), dtype=F32)
     outs = {}
     for pad_mode in ("zeros", "mask", "mask"):  # the second masked call reuses the block mask
         with torch.no_grad():
             out = outs[pad_mode] = attention(q, k, v, window=window, pos=pos, valid_hw=valid, pad_mode=pad_mode,
                                              backend="flex")
             ref = reference_attention(q, k, v, window=window, pos=pos, valid_hw=valid, pad_mode=pad_mode)
-        torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+        torch.testing.assert_close(out, ref, **TOL)
     assert not torch.allclose(outs["mask"], outs["zeros"]), "pad_mode='mask' changed nothing"
     assert F.BUILDS["lookhere+pad" if kind == "lookhere" else "pad"] == 1
 
 
 def test_second_call_of_a_shape_neither_rebuilds_nor_recompiles(counter):
-    q, k, v = _qkv(1, 8, 8)
-    pos = _terms("relpos+lookhere", 8)
+    q, k, v = _qkv(1, 8, 8, dtype=F32)
+    pos = _terms("relpos+lookhere", 8, dtype=F32)
     with torch.no_grad():
         first = attention(q, k, v, pos=pos, backend="flex")
         assert (F.BUILDS["lookhere"], counter.frame_count) == (1, 1)
-        q2, k2, v2 = _qkv(1, 8, 8, seed=5)  # new values, same shape
+        q2, k2, v2 = _qkv(1, 8, 8, dtype=F32, seed=5)  # new values, same shape
         second = attention(q2, k2, v2, pos=pos, backend="flex")
         assert (F.BUILDS["lookhere"], counter.frame_count) == (1, 1), "a same-shape call rebuilt or recompiled"
         assert not torch.allclose(first, second)
-        attention(*_qkv(1, 8, 12), pos=PositionTerms(rel_pos=pos.rel_pos, lookhere=pos.lookhere), backend="flex")
+        attention(*_qkv(1, 8, 12, dtype=F32), pos=PositionTerms(rel_pos=pos.rel_pos, lookhere=pos.lookhere), backend="flex")
         assert (F.BUILDS["lookhere"], counter.frame_count) == (2, 2), "a new shape must build and compile once"
         pos.lookhere.set_global_slope(4.0, slope_units="official")  # edits the fov/slopes buffers in place: the mask cache must see it
         third = attention(q, k, v, pos=pos, backend="flex")
-        torch.testing.assert_close(third, reference_attention(q, k, v, pos=pos), rtol=0, atol=1e-10)
+        torch.testing.assert_close(third, reference_attention(q, k, v, pos=pos), **TOL)
 
 
 @pytest.mark.parametrize("kind", ["lookhere", "lookhere+pad"])
@@ -147,9 +151,8 @@ def test_more_shapes_than_dynamos_default_limit_compile_once_each(counter):
     code object would end the 9th shape with FailOnRecompileLimitHit (fullgraph)."""
     sides = range(3, 3 + 10)
     for side in sides:
-        q, k, v = _qkv(1, side, side)
-        torch.testing.assert_close(attention(q, k, v, backend="flex"), reference_attention(q, k, v), rtol=0,
-                                   atol=1e-10)
+        q, k, v = _qkv(1, side, side, dtype=F32)
+        torch.testing.assert_close(attention(q, k, v, backend="flex"), reference_attention(q, k, v), **TOL)
     assert counter.frame_count == len(sides) > 8
 
 
@@ -161,7 +164,7 @@ def test_environment_forces_flex_and_auto_never_picks_it(monkeypatch):
 
 
 def test_cpu_backward_is_refused_with_the_fix():
-    q, k, v = _qkv(1, 4, 4, grad=True)
+    q, k, v = _qkv(1, 4, 4, dtype=F32, grad=True)
     with pytest.raises(WinposError, match="inference only.*backend='reference'"):
         attention(q, k, v, backend="flex")
 

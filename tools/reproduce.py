@@ -1,96 +1,134 @@
 #!/usr/bin/env python
-"""The window-attention bug and its fixes, end to end on CPU (the paper's protocol on the embedded shapes data).
+"""The window-attention bug with a learned embedding, end to end on CPU (the paper's protocol on the embedded shapes
+data; the logic is in winpos.experiments).
 
-Stage 1 pretrains a small HieraDet Mask R-CNN at 64 px (16x16 tokens, 4x4-token windows) once per position
-encoding; stage 2 finetunes each at 2x and 4x the token grid, windows unchanged, on upscaled images and on a
-larger canvas of same-size objects, for several seeds; box / mask AP from pycocotools. Rows: abs (naive
-interpolation), abs2win (the same checkpoint converted to abs-win on import), abswin, rope, lookhere, relpos.
+Stage 0 pretrains the backbone at 64 px with masked unit reconstruction (mask units = the 4x4-token windows,
+targets normalised per unit, predicted from the stride-16 tokens) from a random-start absolute embedding, which
+learns a window pattern; stage 1 trains a small HieraDet Mask R-CNN at 64 px from it (and one per other encoding);
+stage 2 evaluates each at 1.25x, 1.5x, 2x and 4x its token grid, zero-shot and finetuned over several seeds, on a
+larger canvas of same-size objects and on upscaled images. Rows: naive, abs2win, control, recursive, rope,
+lookhere, relpos, planted, planted2win. Finetuned comparisons are paired per seed with 95% t-intervals.
 
-    python tools/reproduce.py [--output output/reproduce] [--rows abs,abs2win,abswin,rope,lookhere,relpos]
-        [--multipliers 2,4] [--conditions canvas,upscaled] [--seeds 0,1,2] [--pretrain-iters 1500]
-        [--finetune-iters 150] [--workers 2]
+    python tools/reproduce.py [--output output/reproduce] [--rows naive,abs2win,control] [--multipliers 1.25,1.5,2,4]
+        [--conditions canvas,upscaled] [--seeds 0,1,2,3,4] [--stage0-iters 800] [--pretrain-iters 2000]
+        [--finetune-iters 150] [--workers 2] [--no-finetune] [--report-only]
 
-Every run is a one-thread subprocess (``--workers`` at a time); a re-run skips finished runs and resumes the
-others. Writes <output>/results.json, <output>/results.png and prints the table. The logic is in
-winpos.d2.reproduce.
+A re-run of the same protocol in the same folder reuses every finished run whose identity (spec, config hash,
+init hash) matches and refuses a folder made with other settings. Writes <output>/results.json and
+<output>/curve_<condition>.png and prints the tables.
 """
 import sys
 from pathlib import Path
 
-from winpos.errors import ArgumentParser, finite_float, nonnegative_int, number_list, positive_int, run_cli, seed_list
+from winpos.errors import ArgumentParser, finite_float, number_list, positive_int, run_cli, seed_list
 
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "shapes" / "reproduce_hieradet.py"
+ROW_NAMES = "naive, abs2win, control, recursive, rope, lookhere, relpos, planted, planted2win"
 
 
 def _names(text):
-    return tuple(s.strip() for s in text.split(",") if s.strip())
+    names = tuple(s.strip() for s in text.split(","))
+    if not all(names):
+        raise __import__("argparse").ArgumentTypeError(f"{text!r} has an empty name; give a comma list without "
+                                                      "empty entries, e.g. naive,abs2win")
+    return names
 
 
 def main(argv=None):
-    from winpos.d2.reproduce import CONDITIONS, ROWS, Protocol
+    import argparse
 
-    p = ArgumentParser(description=__doc__, formatter_class=__import__("argparse").RawDescriptionHelpFormatter)
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--output", default="output/reproduce")
     p.add_argument("--config", default=str(CONFIG), help="the protocol's LazyConfig (default: %(default)s)")
-    p.add_argument("--rows", type=_names, default=tuple(ROWS), help=f"comma list of: {', '.join(ROWS)}")
-    p.add_argument("--multipliers", type=number_list, default=[2, 4],
+    p.add_argument("--rows", type=_names, default=None, help=f"comma list of: {ROW_NAMES} (default: all)")
+    p.add_argument("--multipliers", type=number_list, default=[1.25, 1.5, 2, 4],
                    help="token-grid multipliers of stage 2 (the 16x16 grid times k must stay a multiple of 4)")
-    p.add_argument("--conditions", type=_names, default=CONDITIONS, help="canvas and/or upscaled")
-    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2])
-    p.add_argument("--pretrain-iters", type=positive_int, default=1500)
+    p.add_argument("--conditions", type=_names, default=("canvas", "upscaled"), help="canvas and/or upscaled")
+    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2, 3, 4], help="finetuning seeds")
+    p.add_argument("--stage0-iters", type=positive_int, default=800, help="stage-0 iterations (batch 32)")
+    p.add_argument("--stage0-mask-ratio", type=finite_float, default=0.0,
+                   help="share of units masked in stage 0 (loss over every unit); default 0: unit autoencoding")
+    p.add_argument("--pretrain-iters", type=positive_int, default=2000, help="stage-1 iterations (batch 8)")
     p.add_argument("--pretrain-lr", type=finite_float, default=1e-3, help="stage-1 learning rate (AdamW)")
-    p.add_argument("--pretrain-init", default=None,
-                   help="continue stage 1 from this detector checkpoint (rows of one pretrained encoding)")
     p.add_argument("--finetune-iters", type=positive_int, default=150)
-    p.add_argument("--mim-iters", type=nonnegative_int, default=0,
-                   help="optional masked-token pretraining before stage-1 detection (iterations at batch 32)")
-    p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
-    p.add_argument("--no-zero-shot", action="store_true",
-                   help="skip the evaluations without finetuning (stage-2 starts, stage 1 with its embedding zeroed)")
+    p.add_argument("--finetune-lr", type=finite_float, default=2e-4)
+    p.add_argument("--workers", type=positive_int, default=2, help="runs at a time")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per run (fixed for the run)")
+    p.add_argument("--no-zero-shot", action="store_true", help="skip the evaluations without finetuning")
+    p.add_argument("--no-finetune", action="store_true", help="only the zero-shot evaluations of stage 2")
     p.add_argument("--report-only", action="store_true",
-                   help="run nothing: table, plot and results.json from the runs that have finished")
-    p.add_argument("--stage1-dir", default=None, help="stage-1 checkpoints (default <output>/stage1)")
+                   help="run nothing: the tables and results from the runs that have finished")
+    p.add_argument("--stage1-dir", default=None, help="stage-0/1 checkpoints (default <output>/stage1)")
+    p.add_argument("--force", action="store_true", help="with --export-stage1: replace an existing file")
     p.add_argument("--export-stage1", metavar="ENCODING:PATH", default=None,
                    help="after stage 1, write that encoding's checkpoint (fp16, weights only) and its manifest "
-                        "(command, seed, SHA-256) to PATH, e.g. abs_periodic:tools/checkpoints/stage1.pth")
+                        "(command, seeds, SHA-256, WS) to PATH, e.g. abs_learned:out/stage1.pth")
     args = p.parse_args(argv)
-    from winpos.d2.reproduce import run_protocol
-    from winpos.d2.reproduce_report import format_pairs, format_table, format_zero_shot, plot_results
+    from winpos.experiments.protocol import ROWS, Protocol
 
-    proto = Protocol(config=args.config, output_dir=args.output, rows=args.rows, multipliers=tuple(args.multipliers),
-                     conditions=args.conditions, seeds=tuple(args.seeds), pretrain_iters=args.pretrain_iters,
-                     finetune_iters=args.finetune_iters, mim_iters=args.mim_iters, zero_shot=not args.no_zero_shot,
-                     workers=args.workers, stage1_dir=args.stage1_dir, pretrain_lr=args.pretrain_lr,
-                     pretrain_init=args.pretrain_init)
+    rows = args.rows or tuple(ROWS)
+    proto = Protocol(config=args.config, output_dir=args.output, rows=rows, multipliers=tuple(args.multipliers),
+                     conditions=args.conditions, seeds=tuple(args.seeds), stage0_iters=args.stage0_iters,
+                     stage0_mask_ratio=args.stage0_mask_ratio, pretrain_iters=args.pretrain_iters,
+                     finetune_iters=args.finetune_iters, pretrain_lr=args.pretrain_lr, finetune_lr=args.finetune_lr,
+                     zero_shot=not args.no_zero_shot, finetune=not args.no_finetune, workers=args.workers,
+                     threads=args.threads, stage1_dir=args.stage1_dir)
+    proto.validate()
     export = None
     if args.export_stage1:
+        from winpos.experiments.protocol import ENCODINGS
+        from winpos.outputs import check_output_file
+
         enc, sep, path = args.export_stage1.partition(":")
-        if not sep or not path or enc not in {r.pretrained for r in ROWS.values()}:
+        if not sep or not path or enc not in ENCODINGS:
             p.error(f"--export-stage1 {args.export_stage1!r} must be ENCODING:PATH with ENCODING one of "
-                    f"{', '.join(sorted({r.pretrained for r in ROWS.values()}))}")
+                    f"{', '.join(ENCODINGS)}")
+        for target in (path, str(Path(path).with_suffix(".json"))):
+            check_output_file(target, force=args.force, flag="--export-stage1")
         export = (enc, path)
     log = lambda m: print(f"[reproduce] {m}", flush=True)  # noqa: E731
 
     def export_now():
-        from winpos.d2.reproduce_checkpoints import export_stage1
+        from winpos.experiments import runs as R
+        from winpos.experiments.checkpoints import export_stage1
+        from winpos.experiments.protocol import stage0_spec, stage1_spec
 
-        command = "python tools/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        info = export_stage1(proto, export[0], export[1], command)
+        spec = stage1_spec(proto, export[0])
+        res = R.finished(spec)
+        if res is None:
+            from winpos.errors import WinposError
+
+            raise WinposError(f"stage 1 of {export[0]} has not finished under {args.output}; nothing to export")
+        s0 = R.finished(stage0_spec(proto)) if spec["init"].endswith("backbone.pth") else None
+        manifest = {"command": "python tools/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "encoding": export[0], "stage1": {k: spec[k] for k in ("iters", "lr", "seed", "threads")},
+                    "box_AP_64px": res["bbox"]["AP"], "mask_AP_64px": res["segm"]["AP"],
+                    "stage0": None if s0 is None else {"spec": s0["spec"], "history": s0["history"],
+                                                       "reliance": s0["reliance"]}}
+        info = export_stage1(str(Path(spec["out"]) / "model_final.pth"), export[1], manifest, force=args.force)
         log(f"exported stage-1 {export[0]} to {export[1]} (sha256 {info['sha256'][:12]}...)")
 
-    # the export happens as soon as stage 1 is done (before stage 2); with --report-only, after the report
+    from winpos.experiments.report import format_pairs, format_stage0, format_table, format_zero_shot, plot_curve
+    from winpos.experiments.reproduce import run_protocol
+
     summary = run_protocol(proto, log=log, report_only=args.report_only,
                            after_stage1=export_now if export and not args.report_only else None)
     if export and args.report_only:
         export_now()
-    plot_results(summary, str(Path(args.output) / "results.png"))
-    print(format_table(summary))
-    if summary.get("zero_shot"):
-        print("\nwithout finetuning (the stage-2 starts evaluated at the new size):")
+    if summary.get("stage0"):
+        print(format_stage0(summary["stage0"]))
+    if summary["zero_shot"]:
+        print("\nzero-shot (the stage-2 starts at the new size, box / mask AP):")
         print(format_zero_shot(summary))
-    print("\ndoes the abs -> abs-win conversion beat naive interpolation?")
+    if summary["stage2"]:
+        print("\nfinetuned (mean over seeds):")
+        print(format_table(summary))
+    print("\npaired comparisons (treatment - baseline):")
     print(format_pairs(summary))
-    print(f"\nplot: {args.output}/results.png; every number: {args.output}/results.json")
+    if not args.report_only:
+        for c in proto.conditions:
+            plot_curve(summary, str(Path(args.output) / f"curve_{c}.png"), c)
+        print(f"\nplots: {args.output}/curve_<condition>.png; every number: {args.output}/results.json")
     return 0
 
 

@@ -1,8 +1,9 @@
-# The window-attention-bug protocol at CPU scale (tools/reproduce.py; winpos.d2.reproduce sets the fields marked
+# The window-attention-bug protocol at CPU scale (tools/reproduce.py; winpos.experiments.protocol sets the fields marked
 # "per run" through overrides): a small HieraDet Mask R-CNN on the one-class shapes data.
 #
 # Stage 1 pretrains it at 64 px: a 16x16 token grid at stride 4 attended in 4x4-token windows in stage 1 (16 px,
-# like Hiera's 8-token mask units at 224 px), 2x2 in stage 2, then a global stage. Stage 2 finetunes it at 2x
+# like Hiera's 8-token mask units at 224 px), 2x2 in stage 2, then global stages (global at every size,
+# so that only the position embedding can misalign with the windows). Stage 2 finetunes it at 2x
 # (128 px, 32x32 tokens) and 4x (256 px, 64x64 tokens) with the windows unchanged, either on upscaled images
 # (objects grow with the grid) or on a larger canvas holding objects of the 64 px size (only the grid grows).
 from ..common.models.mask_rcnn_hieradet import model
@@ -14,7 +15,7 @@ PRETRAIN_SIZE = 64
 net = model.backbone.bottom_up
 net.net, net.recipe, net.drop_path_rate = "hieradet_toy", "original", 0.0
 net.embed_dim, net.num_heads = 48, 2  # 48 -> 384 channels, 2 -> 16 heads: stronger than the 32-channel toy
-net.window_spec = (4, 2, 4, 2)
+net.window_spec = (4, 2, 0, 2)  # 0: stages 3-4 attend globally at every size (at 64 px the same as 4)
 net.img_size = PRETRAIN_SIZE  # per run: the training size (sizes global relpos tables)
 net.pretrain_img_size = PRETRAIN_SIZE  # the abs embedding is stored at 16x16 tokens
 net.pos_global_size = 4  # abs-win: 4x4 global embedding, 4x4 window embedding (window_spec[0])

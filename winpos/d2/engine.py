@@ -288,32 +288,6 @@ def build_optimizer(cfg, model):
     return instantiate(opt_cfg)
 
 
-class ThreadShareHook(hooks.HookBase):
-    """Sets the run's torch threads to the count in ``path`` when it changes (a pool of one-thread runs writes it
-    when cores come free, ``winpos.d2.run_pool.run_pool``): checked every ``every`` iterations and before the final
-    evaluation, in the training thread (OpenMP's thread count belongs to the calling thread)."""
-
-    def __init__(self, path: str, every: int = 10):
-        self.path, self.every = path, every
-
-    def _apply(self):
-        try:
-            with open(self.path) as f:
-                n = int(f.read())
-        except (OSError, ValueError):  # no file yet (or being replaced): keep the current count
-            return
-        if n >= 1 and n != torch.get_num_threads():
-            torch.set_num_threads(n)
-            logger.info(f"torch threads -> {n} (cores came free in the pool)")
-
-    def after_step(self):
-        if self.trainer.iter % self.every == 0:
-            self._apply()
-
-    def after_train(self):
-        self._apply()
-
-
 def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> dict:
     """Train ``cfg.model`` as configured; returns the last evaluation results (or {}). ``extra_hooks``: detectron2
     hooks registered first (their ``after_train`` runs before the final evaluation). ``train.output_dir`` is

@@ -271,10 +271,11 @@ class LookHere(nn.Module):
     def _slopes(self, global_slope: float) -> Tensor:
         """The heads' slopes in float64, checked in float32, the dtype the bias is built in: a slope that overflows
         there is inf, and inf * distance 0 makes the whole output NaN."""
-        slopes = torch.tensor(_slopes64(self._head_slopes, self.layer_index, self.num_layers, global_slope,
-                                        self.layer_slopes), dtype=torch.float64)
-        if not torch.isfinite(slopes.float()).all():
-            top = float(slopes.max())
+        values = _slopes64(self._head_slopes, self.layer_index, self.num_layers, global_slope, self.layer_slopes)
+        slopes = torch.tensor(values, dtype=torch.float64)
+        # Checked on the CPU: a model built under torch.device("meta") (parameter counts) has no values to read.
+        if not torch.isfinite(torch.tensor(values, dtype=torch.float64, device="cpu").float()).all():
+            top = float(torch.tensor(values, dtype=torch.float64, device="cpu").max())
             limit = global_slope * torch.finfo(torch.float32).max / top
             raise WinposError(f"global_slope={global_slope:g} gives head slopes up to {top:.3g}, beyond float32 (max "
                               f"{torch.finfo(torch.float32).max:.3g}), where the attention bias is computed; use "

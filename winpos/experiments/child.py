@@ -1,0 +1,139 @@
+"""One run of the reproduction, in its own process: ``python -m winpos.experiments.child SPEC_JSON``.
+
+The torch thread count is set once, from the spec, before any work, and never changed. Progress goes to stdout as
+``[progress] ...`` lines (the pool relays them). The result is written atomically to ``<out>/result.json`` last,
+so a folder with a result is a finished run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def progress(line: str) -> None:
+    print(f"[progress] {line}", flush=True)
+
+
+def _progress_hook(every: int):
+    from detectron2.engine import HookBase
+
+    class Progress(HookBase):
+        def before_train(self):
+            self.t0 = time.time()
+
+        def after_step(self):
+            it = self.trainer.iter + 1
+            if it % every == 0 or it == self.trainer.max_iter:
+                loss = self.trainer.storage.history("total_loss").median(every) if \
+                    "total_loss" in self.trainer.storage.histories() else float("nan")
+                rate = (it - self.trainer.start_iter) / max(time.time() - self.t0, 1e-9)
+                progress(f"iteration {it}/{self.trainer.max_iter}, loss {loss:.3f}, {rate:.2f} it/s")
+
+    return Progress()
+
+
+def run_stage0(spec: dict) -> dict:
+    """Stage 0 (``winpos.experiments.pretrain``) on the detector's own backbone; writes ``backbone.pth`` (the trunk's
+    state dict) and returns the history and reliance numbers."""
+    import torch
+
+    from winpos.d2.engine import build_model
+    from winpos.experiments.pretrain import PretrainSpec, pretrain
+    from winpos.experiments.protocol import PRETRAIN_SHAPES, PRETRAIN_SIZE, build_cfg
+    from winpos.outputs import atomic_write
+
+    detect = dict(spec, encoding="abs_learned", size=PRETRAIN_SIZE, shapes=dict(PRETRAIN_SHAPES), lr=1e-3,
+                  iters=0, init="")
+    cfg = build_cfg(detect)
+    torch.manual_seed(spec["seed"])
+    net = build_model(cfg).backbone.bottom_up.net
+    pspec = PretrainSpec(iters=spec["iters"], mask_ratio=spec["mask_ratio"], seed=spec["seed"],
+                         log_every=max(spec["iters"] // 15, 20))
+    out = pretrain(net, pspec, list(cfg.model.pixel_mean), list(cfg.model.pixel_std),
+                   image_cache=os.path.join(spec["out"], "images.npy"), progress=lambda i, n, line: progress(line))
+    atomic_write(os.path.join(spec["out"], "backbone.pth"), lambda f: torch.save(net.state_dict(), f), "wb")
+    os.remove(os.path.join(spec["out"], "images.npy"))  # 49 MB, made again in seconds from its seed
+    return out
+
+
+def evaluate_checkpoint(cfg, checkpoint: str, zero_embedding: bool = False) -> dict:
+    """Box / mask AP of ``checkpoint`` on the run's test set; ``zero_embedding`` sets the token embedding to zero
+    first (how much the detector relies on it)."""
+    import torch
+
+    from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
+    from winpos.d2.engine import build_model
+    from winpos.d2.evaluate import evaluate
+    from winpos.errors import WinposError
+
+    model = build_model(cfg)
+    load_init_checkpoint(WinposCheckpointer(model), checkpoint)
+    if zero_embedding:
+        zeroed = [p for n, p in model.backbone.bottom_up.net.named_parameters() if n.startswith("pos_embed.")]
+        if not zeroed:
+            raise WinposError("zero_embedding asks to zero the token embedding, but this model has none")
+        with torch.no_grad():
+            for param in zeroed:
+                param.zero_()
+    model.eval()
+    return evaluate(cfg, model, os.path.join(cfg.train.output_dir, "inference"), progress=False)
+
+
+def run_detect(spec: dict) -> dict:
+    """Train (resuming in its own folder) and evaluate one detection run, or evaluate its init (``iters`` 0)."""
+    from detectron2.utils.logger import setup_logger
+
+    import winpos.d2  # noqa: F401 - registrations
+    from winpos.d2.engine import do_train
+    from winpos.experiments.protocol import PLANTED_START, build_cfg
+
+    setup_logger(output=os.path.join(spec["out"], "d2log.txt"), name="detectron2", abbrev_name="d2",
+                 configure_stdout=False)
+    if spec["encoding"] == "abs_planted" and not spec.get("init"):
+        spec = dict(spec, init=os.path.join(spec["out"], "init_planted.pth"))
+        if not os.path.isfile(spec["init"]):
+            from winpos.experiments.checkpoints import planted_start
+
+            planted_start(spec, spec["init"], *PLANTED_START)
+    elif spec["init"].endswith("backbone.pth"):  # the stage-0 trunk: a detector init around it
+        import torch
+
+        from winpos.experiments.checkpoints import stage0_init
+
+        trunk = torch.load(spec["init"], map_location="cpu", weights_only=True)
+        spec = dict(spec, init=os.path.join(spec["out"], "init_stage0.pth"))
+        stage0_init(spec, trunk, spec["init"])
+    cfg = build_cfg(spec)
+    if spec["iters"] == 0:
+        return evaluate_checkpoint(cfg, spec["init"], zero_embedding=spec.get("zero_embedding", False))
+    return do_train(cfg, resume=True, extra_hooks=[_progress_hook(max(spec["iters"] // 10, 20))])
+
+
+def main(spec: dict) -> None:
+    import torch
+
+    from winpos.errors import quiet_third_party_warnings
+    from winpos.outputs import atomic_write_json
+
+    quiet_third_party_warnings()
+    torch.set_num_threads(int(spec.get("threads", 1)))  # fixed for the whole run
+    t0 = time.time()
+    if spec["kind"] == "stage0":
+        out = {"spec": spec, **run_stage0(spec)}
+    else:
+        results = run_detect(spec)
+        out = {"spec": spec, "bbox": {k: float(v) for k, v in results["bbox"].items()},
+               "segm": {k: float(v) for k, v in results["segm"].items()}}
+    out["seconds"] = time.time() - t0
+    out["threads"] = torch.get_num_threads()
+    atomic_write_json(Path(spec["out"]) / "result.json", out)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

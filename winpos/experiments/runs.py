@@ -1,0 +1,142 @@
+"""Runs of the reproduction: each a subprocess with a fixed number of torch threads, identified by everything that
+made it, reused only when all of it matches.
+
+* **Identity.** A run's folder holds ``identity.json``: its spec (encoding, conversion, size, data, iterations, lr,
+  seed, threads...) plus the SHA-256 of its config file and of its init checkpoint. A folder whose identity differs
+  from the spec now asked for is refused in one line naming what differs (a finished 400-iteration run is never
+  reported as a 100-iteration one); a folder with files but no identity is refused too.
+* **Failures.** A run that fails raises ``RunFailed`` (an ``OSError``: the tools exit with status 1, "it failed
+  while working", not 2, "bad input") naming its log.
+* **Progress.** The child prints a line every ``progress_every`` iterations; the pool relays it with the run's name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from winpos.errors import WinposError
+
+IDENTITY = "identity.json"
+RESULT = "result.json"
+_VOLATILE = ("name", "out")  # where a run is and what it is called are not what made it
+
+
+class RunFailed(OSError):
+    """A run of the protocol that failed while working; the message names its log."""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else "a run failed"
+
+
+def _file_sha(path: str) -> str | None:
+    from winpos.experiments.checkpoints import sha256
+
+    return sha256(path) if path and os.path.isfile(path) else None
+
+
+def identity(spec: dict) -> dict:
+    """What made the run of ``spec``: the spec without its name and folder, the config's and the init's SHA-256."""
+    ident = {k: v for k, v in spec.items() if k not in _VOLATILE}
+    ident["config_sha256"] = _file_sha(spec.get("config", ""))
+    ident["init_sha256"] = _file_sha(spec.get("init", ""))
+    return json.loads(json.dumps(ident))  # tuples -> lists: compared as stored
+
+
+def _differences(a: dict, b: dict) -> list[str]:
+    keys = sorted(set(a) | set(b))
+    return [f"{k} {b.get(k)!r} here, {a.get(k)!r} there" for k in keys if a.get(k) != b.get(k)]
+
+
+def claim(spec: dict) -> dict:
+    """Make ``spec['out']`` this run's folder: create it with ``identity.json``, or accept it when its identity is
+    this spec's; refuse a folder made by another run. Returns the identity."""
+    out = Path(spec["out"])
+    ident = identity(spec)
+    path = out / IDENTITY
+    if path.is_file():
+        try:
+            held = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            raise WinposError(f"{path} is corrupt; delete {out} to run {spec['name']} again") from None
+        diff = _differences(held, ident)
+        if diff:
+            raise WinposError(f"{out} holds a run made with other settings ({'; '.join(diff[:3])}); pass another "
+                              f"--output, or delete {out} to replace it")
+        return ident
+    if out.is_dir() and any(out.iterdir()):
+        raise WinposError(f"{out} holds files of a run with no {IDENTITY} (made by an older winpos or another "
+                          f"tool); pass another --output, or delete {out}")
+    from winpos.outputs import atomic_write_json
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, ident)
+    return ident
+
+
+def finished(spec: dict) -> dict | None:
+    """The result of ``spec``'s run when it finished with this very identity, else None (raises when the folder
+    belongs to another run)."""
+    result = Path(spec["out"]) / RESULT
+    if not (Path(spec["out"]) / IDENTITY).is_file():
+        if result.is_file():
+            raise WinposError(f"{spec['out']} holds a result with no {IDENTITY} (made by an older winpos); pass "
+                              f"another --output, or delete {spec['out']}")
+        return None
+    claim(spec)
+    return json.loads(result.read_text()) if result.is_file() else None
+
+
+def launch(spec: dict, log) -> dict:
+    """Run one spec (``winpos.experiments.child``) in a fresh process with ``spec['threads']`` torch threads,
+    unless it finished before with the same identity; returns the result."""
+    done = finished(spec)
+    if done is not None:
+        log(f"reuse {spec['name']} (finished before, same identity)")
+        return done
+    claim(spec)
+    threads = str(spec.get("threads", 1))
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, PYTHONWARNINGS="ignore")
+    t0 = time.time()
+    log(f"start {spec['name']}")
+    logfile = Path(spec["out"]) / "log.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "winpos.experiments.child", json.dumps(spec)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    tail = []
+    with open(logfile, "a") as f:  # output-policy: append-only log of this run, in the folder it claimed
+        for line in proc.stdout:
+            f.write(line)
+            tail = (tail + [line.rstrip()])[-20:]
+            if line.startswith("[progress] "):
+                log(f"  {spec['name']}: {line[len('[progress] '):].rstrip()}")
+    code = proc.wait()
+    result = Path(spec["out"]) / RESULT
+    if code != 0 or not result.is_file():
+        last = next((t for t in reversed(tail) if t.strip()), "")
+        raise RunFailed(f"run {spec['name']} failed (exit {code}): {last[:200]}; its log: {logfile}")
+    out = json.loads(result.read_text())
+    if "bbox" in out:
+        log(f"done  {spec['name']}: box AP {out['bbox']['AP']:.1f}, mask AP {out['segm']['AP']:.1f} "
+            f"({(time.time() - t0) / 60:.1f} min)")
+    else:
+        log(f"done  {spec['name']} ({(time.time() - t0) / 60:.1f} min)")
+    return out
+
+
+def run_pool(specs, workers: int, log) -> list[dict]:
+    """Run ``specs`` ``workers`` at a time (each with its own fixed thread count); results in spec order. Every
+    spec's folder is checked before any starts, so a clash is refused before work."""
+    specs = list(specs)
+    names = [s["name"] for s in specs]
+    if len(set(names)) != len(names):
+        raise WinposError(f"the protocol lists a run twice: {sorted({n for n in names if names.count(n) > 1})}")
+    for s in specs:
+        finished(s)  # raises for a folder of another run
+    if not specs:
+        return []
+    with ThreadPoolExecutor(max_workers=workers) as ex:
+        return list(ex.map(lambda s: launch(s, log), specs))
