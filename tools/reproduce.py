@@ -56,6 +56,11 @@ def main(argv=None):
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per run (fixed for the run)")
     p.add_argument("--no-zero-shot", action="store_true", help="skip the evaluations without finetuning")
     p.add_argument("--no-finetune", action="store_true", help="only the zero-shot evaluations of stage 2")
+    p.add_argument("--stage0-variants", action="store_true",
+                   help="also run the stage-0 variants that say what makes the pattern emerge (Hiera's MAE with "
+                        "half the units masked, loss on all units with half masked, no global blocks) and print "
+                        "their WS and reliance beside the main stage 0")
+    p.add_argument("--stage0-only", action="store_true", help="stop after stage 0 (and its variants)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: the tables and results from the runs that have finished")
     p.add_argument("--stage1-dir", default=None, help="stage-0/1 checkpoints (default <output>/stage1)")
@@ -111,8 +116,25 @@ def main(argv=None):
     from winpos.experiments.report import format_pairs, format_stage0, format_table, format_zero_shot, plot_curve
     from winpos.experiments.reproduce import run_protocol
 
+    if args.stage0_variants or args.stage0_only:
+        from winpos.experiments import runs as R
+        from winpos.experiments.protocol import STAGE0_VARIANTS, stage0_spec, stage0_variant_spec
+        from winpos.experiments.report import format_stage0_variants
+        from winpos.experiments.reproduce import claim_folder
+
+        specs = [stage0_spec(proto)] + ([stage0_variant_spec(proto, v) for v in STAGE0_VARIANTS]
+                                        if args.stage0_variants else [])
+        if not args.report_only:
+            claim_folder(proto)
+            log(f"stage 0{' and its variants' if args.stage0_variants else ''}: {len(specs)} runs")
+            R.run_pool(specs, proto.workers, log)
+        print(format_stage0_variants(R.finished(specs[0]), {v: R.finished(s) for v, s in
+                                                            zip(STAGE0_VARIANTS, specs[1:])}))
+        if args.stage0_only:
+            return 0
     summary = run_protocol(proto, log=log, report_only=args.report_only,
                            after_stage1=export_now if export and not args.report_only else None)
+
     if export and args.report_only:
         export_now()
     if summary.get("stage0"):

@@ -76,8 +76,13 @@ def test_build_preset_checks_names_and_overrides_and_copies_the_tables():
     assert model.width == 3 and model.pos == {"kind": ["rope"]}
     model.pos["kind"].append("changed")  # the model's copy, not the table
     assert recipes["r"]["pos"] == {"kind": ["rope"]} and sizes["toy_s"] == {"width": 2}
-    with pytest.raises(ValueError, match=r"unknown Toy arguments \['depth'\]; valid ones are \['pos', 'width'\]"):
+    with pytest.raises(ValueError, match=r"unknown Toy arguments \['depth'\]; valid ones are 'recipe' .* and "
+                                         r"\['pos', 'width'\]"):
         build_preset(_Toy, "Toy", sizes, recipes, "toy_s", "r", {"depth": 4})
+    with pytest.raises(ValueError, match=r"\['recpie'\] \('recpie': did you mean 'recipe'\?\)"):
+        build_preset(_Toy, "Toy", sizes, recipes, "toy_s", "r", {"recpie": "paper"})
+    with pytest.raises(ValueError, match=r"'widht': did you mean 'width'\?"):
+        build_preset(_Toy, "Toy", sizes, recipes, "toy_s", "r", {"widht": 3})
     with pytest.raises(ValueError, match="Toy size"):
         build_preset(_Toy, "Toy", sizes, recipes, "toy_m", "r")
     with pytest.raises(ValueError, match="Toy recipe"):
@@ -112,3 +117,13 @@ def test_one_position_rule_for_no_weight_decay_and_the_optimizer(preset, recipe)
     assert expected and model.no_weight_decay() == expected
     assert optimizer_rule is is_position_param  # the optimizer's groups use the same function
     assert not any(is_position_param(n) for n in names - expected)
+
+
+@pytest.mark.parametrize("preset", ["hieradet_toy", "vitdet_toy"])
+@pytest.mark.parametrize("rate", [1.0, 1.5, -0.1, float("nan"), "0.1"])
+def test_a_drop_path_rate_outside_0_1_is_refused_naming_the_range(preset, rate):
+    from winpos.backbones import create
+
+    with pytest.raises(ValueError, match=r"drop_path_rate=.* must be a number in \[0, 1\)"):
+        create(preset, drop_path_rate=rate)
+    assert create(preset, drop_path_rate=0.99) is not None  # the edge inside the range builds

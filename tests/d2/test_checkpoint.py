@@ -65,6 +65,10 @@ def test_interrupted_save_is_never_picked_up(tmp_path, monkeypatch):
     (tmp_path / "last_checkpoint").write_text("model_0000099.pth")
     with pytest.raises(ValueError, match="does not exist"):
         WinposCheckpointer(fresh, str(tmp_path)).get_checkpoint_file()
+    # an empty last_checkpoint names nothing: said so (it used to read as "names <the folder>, which does not exist")
+    (tmp_path / "last_checkpoint").write_text(" \n")
+    with pytest.raises(ValueError, match="last_checkpoint is empty, so it names no checkpoint.*delete it"):
+        WinposCheckpointer(fresh, str(tmp_path)).resume_or_load("", resume=True)
 
 
 def test_rng_state_roundtrip_through_a_checkpoint(tmp_path):

@@ -306,3 +306,11 @@ class WindowedBackbone(nn.Module):
             return checkpoint(blk, x, use_reentrant=False)
         return blk(x)
 
+
+def check_drop_path_rate(rate) -> float:
+    """``rate`` as a float in [0, 1): stochastic depth keeps a block with probability ``1 - rate``, and the last block
+    gets the full rate, so 1 (or more) would drop it always and divide by 0; a negative rate is no probability."""
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate < 1:
+        raise WinposError(f"drop_path_rate={rate!r} must be a number in [0, 1) (the last block's probability of being "
+                          "dropped); use e.g. 0.1 (ViTDet-B), 0.4 (L) or 0.0 to turn stochastic depth off")
+    return float(rate)

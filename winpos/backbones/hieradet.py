@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from winpos.backbones.common import (
     LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_attention_branch,
-    add_mlp_branch, as_block_position, check_image, init_weights, make_token_embedding,
+    add_mlp_branch, as_block_position, check_drop_path_rate, check_image, init_weights, make_token_embedding,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
@@ -202,7 +202,7 @@ class HieraDet(WindowedBackbone):
             global_size=pos_global_size, base_hw=pos_base_hw or pre_hw, antialias=pos_antialias,
             init_std=pos_init_std, global_init_std=pos_init_std)
         window_pos, global_pos = as_block_position(window_pos), as_block_position(global_pos)
-        dpr = torch.linspace(0, drop_path_rate, len(specs), device="cpu").tolist()
+        dpr = torch.linspace(0, check_drop_path_rate(drop_path_rate), len(specs), device="cpu").tolist()
         self.blocks = nn.ModuleList()
         for spec, p in zip(specs, dpr):
             # The block's key grid is its input grid: the previous stage's for a pooling block.

@@ -58,7 +58,14 @@ def build_preset(cls: type, family: str, sizes: dict, recipes: dict, size: str, 
     valid = set(inspect.signature(cls.__init__).parameters) - {"self"}
     unknown = sorted(set(overrides) - valid)
     if unknown:
-        raise WinposError(f"unknown {family} arguments {unknown}; valid ones are {sorted(valid)}")
+        import difflib
+
+        # "recipe" is create()'s own argument, not the class's: a typo of it must point there too
+        names = sorted(valid | {"recipe"})
+        close = {u: difflib.get_close_matches(u, names, n=1, cutoff=0.7) for u in unknown}
+        hint = "; ".join(f"{u!r}: did you mean {c[0]!r}?" for u, c in close.items() if c)
+        raise WinposError(f"unknown {family} arguments {unknown}{' (' + hint + ')' if hint else ''}; valid ones are "
+                          f"'recipe' (the preset's recipe) and {sorted(valid)}")
     return cls(**{**copy.deepcopy(sizes[size]), **copy.deepcopy(recipes[recipe]), **overrides})
 
 

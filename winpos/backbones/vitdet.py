@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from winpos.backbones.common import (
     LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_attention_branch,
-    add_mlp_branch, as_block_position, check_image, init_weights, make_token_embedding,
+    add_mlp_branch, as_block_position, check_drop_path_rate, check_image, init_weights, make_token_embedding,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
@@ -151,7 +151,8 @@ class ViTDet(WindowedBackbone):
             pos_embed, embed_dim, pretrain_hw=self.pretrain_hw, window_size=window_size, global_size=pos_global_size,
             base_hw=self.pretrain_hw, antialias=pos_antialias, init_std=pos_init_std, global_init_std=0.0,
             has_cls=pretrain_use_cls_token)
-        dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # explicit: works under a meta device
+        # device explicit: works under a meta device
+        dpr = torch.linspace(0, check_drop_path_rate(drop_path_rate), depth, device="cpu").tolist()
         self.blocks = nn.ModuleList()
         for i in range(depth):
             is_global = window_size == 0 or i in self.global_blocks

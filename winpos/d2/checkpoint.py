@@ -91,6 +91,13 @@ class WinposCheckpointer(DetectionCheckpointer):
         atomic_write(os.path.join(self.save_dir, "last_checkpoint"), lambda f: f.write(last_filename_basename), "w")
 
     def get_checkpoint_file(self) -> str:
+        tag = os.path.join(self.save_dir, "last_checkpoint")
+        if os.path.isfile(tag):
+            with open(tag) as f:
+                named = f.read().strip()
+            if not named:
+                raise WinposError(f"{tag} is empty, so it names no checkpoint to resume from; write the name of one "
+                                  f"(e.g. model_final.pth) into it, or delete it to start over")
         path = super().get_checkpoint_file()
         if path and not os.path.isfile(path):
             raise WinposError(f"{os.path.join(self.save_dir, 'last_checkpoint')} names {path}, which does not exist; "

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
+NO_GLOBAL_WINDOWS = (4, 2, 2, 1)  # stage-0 variant without global blocks (the stage-3 tokens still 4x4 at 64 px)
 
 
 def progress(line: str) -> None:
@@ -51,9 +52,16 @@ def run_stage0(spec: dict) -> dict:
     detect = dict(spec, encoding="abs_learned", size=PRETRAIN_SIZE, shapes=dict(PRETRAIN_SHAPES), lr=1e-3,
                   iters=0, init="")
     cfg = build_cfg(detect)
+    global_blocks = spec.get("global_blocks", True)
+    if not global_blocks:  # the variant without global attention: 2x2- and 1x1-token windows in stages 3 and 4
+        cfg.model.backbone.bottom_up.window_spec = NO_GLOBAL_WINDOWS
+        cfg.model.backbone.bottom_up.global_blocks = ()
     torch.manual_seed(spec["seed"])
     net = build_model(cfg).backbone.bottom_up.net
+    if not global_blocks and any(blk.window == 0 for blk in net.blocks):
+        raise RuntimeError("the no-global variant still has a global block")
     pspec = PretrainSpec(iters=spec["iters"], mask_ratio=spec["mask_ratio"], seed=spec["seed"],
+                         loss_on=spec.get("loss_on", "all"), global_blocks=global_blocks,
                          log_every=max(spec["iters"] // 15, 20))
     out = pretrain(net, pspec, list(cfg.model.pixel_mean), list(cfg.model.pixel_std),
                    image_cache=os.path.join(spec["out"], "images.npy"), progress=lambda i, n, line: progress(line))

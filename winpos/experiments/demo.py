@@ -97,7 +97,7 @@ def doctor_lines(config: str, size: int) -> list[str]:
     from winpos.d2.doctor import diagnose
 
     report = diagnose(config, image_size=size)
-    text = report.summary() if hasattr(report, "summary") else str(report)
+    text = report.text()
     return [line for line in text.splitlines() if line.strip()]
 
 

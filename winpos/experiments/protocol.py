@@ -185,6 +185,23 @@ def stage0_spec(p: Protocol) -> dict:
                 mask_ratio=p.stage0_mask_ratio, seed=p.stage1_seed, threads=p.threads, out=str(root / "stage0"))
 
 
+# Stage-0 variants that say what makes the window pattern emerge (tools/reproduce.py --stage0-variants); the main
+# stage 0 autoencodes every unit (mask ratio 0) with the config's global stages.
+STAGE0_VARIANTS = {
+    "hiera_mae": dict(mask_ratio=0.5, loss_on="masked", global_blocks=True),  # Hiera's MAE: loss on masked units
+    "masked_all": dict(mask_ratio=0.5, loss_on="all", global_blocks=True),  # half masked, loss on every unit
+    "no_global": dict(mask_ratio=0.0, loss_on="all", global_blocks=False),  # mask ratio 0, windows everywhere
+}
+
+
+def stage0_variant_spec(p: Protocol, name: str) -> dict:
+    if name not in STAGE0_VARIANTS:
+        raise WinposError(f"unknown stage-0 variant {name!r}; choose from {', '.join(STAGE0_VARIANTS)}")
+    spec = stage0_spec(p)
+    return dict(spec, name=f"stage0/{name}", **STAGE0_VARIANTS[name],
+                out=str(Path(spec["out"]).parent / "stage0_variants" / name))
+
+
 def stage1_spec(p: Protocol, encoding: str) -> dict:
     root = Path(p.stage1_dir or Path(p.output_dir) / "stage1")
     spec = dict(name=f"stage1/{encoding}", kind="detect", config=p.config, encoding=encoding, size=PRETRAIN_SIZE,

@@ -120,6 +120,22 @@ def format_stage0(stage0: dict) -> str:
             f"{r['rolled_1_token']:.3f}, rolled 1 window {r['rolled_1_window']:.3f}")
 
 
+def format_stage0_variants(main: dict, variants: dict) -> str:
+    """One line per stage-0 run: its setting, WS@4 at the end and the reliance losses (the main run first)."""
+    lines = ["| stage 0 | mask ratio | loss on | global blocks | final WS@4 | held-out loss: learned / zeroed / "
+             "rolled 1 token / rolled 1 window |", "|---|---|---|---|---|---|"]
+    for name, res in [("main", main), *variants.items()]:
+        if res is None:
+            lines.append(f"| {name} | not run | | | | |")
+            continue
+        s, r = res["spec"], res["reliance"]
+        lines.append(f"| {name} | {s['mask_ratio']:g} | {s.get('loss_on', 'all')} | "
+                     f"{'yes' if s.get('global_blocks', True) else 'no'} | {res['history'][-1]['ws']:.2f} | "
+                     f"{r['learned']:.3f} / {r['zeroed']:.3f} / {r['rolled_1_token']:.3f} / "
+                     f"{r['rolled_1_window']:.3f} |")
+    return "\n".join(lines)
+
+
 def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
     """The paper's resolution curve: box AP against the grid multiplier per row, zero-shot (dashed) and finetuned
     (solid, mean over seeds with the per-seed points)."""
