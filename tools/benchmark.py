@@ -204,8 +204,36 @@ def _kernels_args(rest: list[str]) -> list[str]:
     return [a for a in rest if a != "--force"]
 
 
+def _toy_step(argv) -> int:
+    """``benchmark.py toy-step --before TREE``: the reproduction's run cost, this checkout against another
+    (``winpos.bench.toy_step``)."""
+    from winpos.errors import ArgumentParser
+
+    p = ArgumentParser(prog="benchmark.py toy-step", description=_toy_step.__doc__)
+    p.add_argument("--before", required=True, help="another winpos checkout (e.g. a git worktree of an older commit)")
+    p.add_argument("--iters", type=positive_int, default=60, help="training iterations per run (default 60)")
+    p.add_argument("--repeats", type=positive_int, default=2, help="rounds of one run each, side by side")
+    p.add_argument("--json", default=None, help="write the rounds and medians here")
+    p.add_argument("--force", action="store_true", help="replace an existing --json file")
+    args = p.parse_args(argv)
+    if args.json:
+        from winpos.outputs import check_output_file
+
+        check_output_file(args.json, force=args.force, flag="--json", suffixes=(".json",))
+    from winpos.bench import toy_step
+
+    after = Path(__file__).resolve().parents[1]
+    result = toy_step.compare(args.before, after, iters=args.iters, repeats=args.repeats)
+    print(toy_step.format_compare(result, args.before, str(after)))
+    if args.json:
+        _write_json(args.json, result)
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["toy-step"]:
+        return _toy_step(argv[1:])
     if argv[:1] == ["kernels"]:  # forwarded: the kernel benchmark has its own flags (--json, --dry-run)
         from winpos.bench import kernels
 

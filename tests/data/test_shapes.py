@@ -350,3 +350,22 @@ def test_register_shapes_feeds_detectron2_mapper(tmp_path):
             if name in d2data.DatasetCatalog.list():
                 d2data.DatasetCatalog.remove(name)
                 d2data.MetadataCatalog.remove(name)
+
+
+def test_the_fast_polygon_check_decides_as_the_exact_one():
+    """``_all_numbers`` (set of types + C-level isfinite) against ``all(_is_number(v))`` on every kind of entry a
+    json or a caller can hand it: ints, floats, bools, strings, None, NaN / inf, nested lists, numpy scalars."""
+    import math
+    import random
+
+    import numpy as np
+
+    from winpos.data.coco import _all_numbers, _is_number
+
+    pool = [0, 1, -3, 2**70, 0.5, -1e300, math.nan, math.inf, -math.inf, True, False, "1", None, [1, 2],
+            np.float64(1.5), np.float64(math.nan), np.int64(3)]
+    rng = random.Random(0)
+    cases = [[], *([v] for v in pool)] + [[rng.choice(pool) for _ in range(rng.randint(1, 8))] for _ in range(500)]
+    for values in cases:
+        assert _all_numbers(values) == all(_is_number(v) for v in values), values
+    assert _all_numbers([1, 2.5, 3]) and not _all_numbers([1, math.nan]) and not _all_numbers([1, True])

@@ -63,6 +63,15 @@ def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def _all_numbers(values: list) -> bool:
+    """``all(_is_number(v) for v in values)`` at C speed: a polygon ring is checked once per registration, and a
+    dataset has millions of coordinates (the embedded set: 1M, 0.6 s per registration before)."""
+    kinds = set(map(type, values))
+    if not kinds <= {int, float}:  # bool, str, None, lists, numpy scalars...: the exact check decides
+        return all(_is_number(v) for v in values)
+    return float not in kinds or all(map(math.isfinite, values))
+
+
 def _image_problem(img: dict, image_root: Path, check_images: bool) -> tuple[str, str] | None:
     """(reason, sentence) for a bad ``images`` entry, or None."""
     if not (isinstance(img.get("id"), int) and isinstance(img.get("file_name"), str)
@@ -108,7 +117,7 @@ def _clean_segmentation(ann: dict, img: dict, skipped: Counter, note) -> tuple[o
         return segm, "empty_segmentation"
     rings = []
     for ring in segm:
-        if not isinstance(ring, list) or not all(_is_number(v) for v in ring):
+        if not isinstance(ring, list) or not _all_numbers(ring):
             skipped["polygon_malformed"] += 1
             note(None, f"annotation {aid}: a polygon is not a flat list of finite numbers")
         elif len(ring) < 6 or len(ring) % 2:

@@ -136,9 +136,15 @@ def format_stage0_variants(main: dict, variants: dict) -> str:
     return "\n".join(lines)
 
 
+_STYLE = {"naive": ("C3", "o", "-"), "abs2win": ("C2", "s", "-"), "control": ("C0", "v", "--"),
+          "recursive": ("C1", "D", ":"), "rope": ("C4", "^", "-"), "lookhere": ("C5", "P", "-"),
+          "relpos": ("C6", "X", "-"), "planted": ("C7", "o", "-."), "planted2win": ("C8", "s", "-.")}
+
+
 def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
-    """The paper's resolution curve: box AP against the grid multiplier per row, zero-shot (dashed) and finetuned
-    (solid, mean over seeds with the per-seed points)."""
+    """The paper's resolution curve: box AP against the grid multiplier per row, zero-shot (left) and finetuned
+    (right: mean over seeds, each seed a dot), with the stage-1 detectors' AP at 64 px as a reference line. Rows
+    that coincide (the control equals naive before finetuning) are drawn dashed over each other."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -146,35 +152,56 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
 
     from winpos.outputs import atomic_write
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=False)
-    for ax, (key, title) in zip(axes, (("zero_shot", "zero-shot (no finetuning)"), ("stage2", "finetuned"))):
-        data = summary[key]
-        for i, row in enumerate(r for r in ROWS if r in data):
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.8))
+    handles = {}
+    ref = [v.get("box_AP_64px") for v in (summary.get("stage1") or {}).values() if v and v.get("box_AP_64px")]
+    for ax, (key, title) in zip(axes, (("zero_shot", "zero-shot (the 64 px weights, no finetuning)"),
+                                       ("stage2", "finetuned (mean over seeds; dots: seeds)"))):
+        data, drawn = summary[key], []
+        for row in (r for r in ROWS if r in data):
             cells = data[row].get(condition, {})
             ks = _keys(cells)
             if not ks:
                 continue
+            color, marker, style = _STYLE.get(row, ("k", "o", "-"))
             xs = [float(k[:-1]) for k in ks]
             if key == "zero_shot":
                 ys = [cells[k]["box"] for k in ks]
             else:
                 ys = [sum(cells[k]["box"].values()) / len(cells[k]["box"]) for k in ks]
                 for x, k in zip(xs, ks):
-                    ax.plot([x] * len(cells[k]["box"]), list(cells[k]["box"].values()), ".", color=f"C{i}", ms=3)
-            ax.plot(xs, ys, "-o", color=f"C{i}", label=ROWS[row].label, ms=4)
+                    ax.plot([x] * len(cells[k]["box"]), list(cells[k]["box"].values()), ".", color=color, ms=3)
+            (line,) = ax.plot(xs, ys, style, marker=marker, color=color, ms=5, mfc="none", label=ROWS[row].label)
+            handles.setdefault(ROWS[row].label, line)
+            drawn += xs
+        if ref and drawn:
+            ax.axhline(ref[0], color="0.5", lw=0.8, ls=":")
+            ax.text(0.99, ref[0], f"64 px, stage 1: {ref[0]:.1f}", transform=ax.get_yaxis_transform(), ha="right",
+                    va="bottom", fontsize=7, color="0.35")
+        if not drawn:
+            ax.text(0.5, 0.5, "no finished runs" if key == "stage2" else "no zero-shot runs", ha="center",
+                    va="center", transform=ax.transAxes, color="0.4")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(title, fontsize=10)
+            continue
         ax.set_xscale("log", base=2)
-        ax.set_xticks([1.25, 1.5, 2, 4])
-        ax.set_xticklabels(["1.25x", "1.5x", "2x", "4x"])
-        ax.set_xlabel(f"token grid multiplier (16x16 at {PRETRAIN_SIZE} px pretraining)")
+        ticks = sorted(set(drawn))
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{t:g}x" for t in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel(f"token grid multiplier (x the 16x16 grid of {PRETRAIN_SIZE} px)")
         ax.set_ylabel("box AP (pycocotools)")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-    axes[1].legend(fontsize=7, loc="best")
-    n = len(summary["protocol"].get("seeds", ()))
-    fig.suptitle(textwrap.fill(f"HieraDet Mask R-CNN pretrained at 64 px, evaluated at larger grids ({condition}: "
-                               f"{'same-size objects on a larger image' if condition == 'canvas' else 'upscaled images'}"
-                               f"); finetuned: {summary['protocol'].get('finetune_iters')} iterations, up to {n} "
-                               "seeds", 110), fontsize=10)
-    fig.tight_layout()
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(len(handles), 3), fontsize=8,
+               frameon=False)
+    proto = summary["protocol"]
+    n = len(proto.get("seeds", ()))
+    what = ("same-size objects on a larger canvas" if condition == "canvas" else "the 64 px images upscaled")
+    fine = (f"; finetuned {proto.get('finetune_iters')} iterations, {n} seeds" if summary["stage2"] else "")
+    fig.suptitle(textwrap.fill(f"HieraDet Mask R-CNN trained at {PRETRAIN_SIZE} px with a learned absolute embedding,"
+                               f" at larger grids ({condition}: {what}){fine}", 110), fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), "wb")
     plt.close(fig)
