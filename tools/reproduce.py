@@ -34,6 +34,43 @@ def _names(text):
     return names
 
 
+def _vitdet(proto, args, log) -> int:
+    from winpos.experiments import runs as R
+    from winpos.experiments import vitdet as V
+    from winpos.experiments.reproduce import claim_folder
+    from winpos.outputs import atomic_write_json
+
+    out = Path(args.output) / "vitdet"
+    config_dir = str(Path(args.config).parent)
+    if args.report_only:
+        specs = [s for seed in args.vitdet_seeds for s in V.specs(config_dir, str(out), [seed], args.vitdet_iters,
+                                                                   threads=proto.threads)
+                 if (out / "inits" / f"init_{s['row']}_seed{seed}.pth").is_file()]
+        results = [r for r in (R.finished(s) for s in specs) if r]
+        speed = None
+    else:
+        claim_folder(proto)
+        specs = V.specs(config_dir, str(out), args.vitdet_seeds, args.vitdet_iters, threads=proto.threads)
+        log(f"ViTDet half: {len(specs)} runs ({len(V.CONFIGS)} rows x {len(args.vitdet_seeds)} seeds), "
+            f"{args.vitdet_iters} iterations each")
+        results = R.run_pool(specs, proto.workers, log)
+        import torch
+
+        torch.set_num_threads(proto.threads)
+        log("speed: the three detectors' training steps side by side")
+        speed = V.measure_speed(config_dir)
+    if not results:
+        from winpos.errors import WinposError
+
+        raise WinposError(f"no finished ViTDet run under {out}; run without --report-only first")
+    summary = V.summarize(results)
+    summary["speed_s_per_iter"] = speed
+    if not args.report_only:
+        atomic_write_json(out / "results.json", summary)
+    print(V.format_table(summary, speed))
+    return 0
+
+
 def main(argv=None):
     import argparse
 
@@ -61,6 +98,11 @@ def main(argv=None):
                         "half the units masked, loss on all units with half masked, no global blocks) and print "
                         "their WS and reliance beside the main stage 0")
     p.add_argument("--stage0-only", action="store_true", help="stop after stage 0 (and its variants)")
+    p.add_argument("--vitdet-only", action="store_true",
+                   help="run only the ViTDet half (winpos.experiments.vitdet: MAE's sin-cos embedding, abs vs abs + "
+                        "relpos vs abs-win at 256 px, paired seeds, and their speed side by side)")
+    p.add_argument("--vitdet-seeds", type=seed_list, default=[0, 1, 2], help="seeds of the ViTDet half")
+    p.add_argument("--vitdet-iters", type=positive_int, default=600, help="iterations per ViTDet run (batch 4)")
     p.add_argument("--report-only", action="store_true",
                    help="run nothing: the tables and results from the runs that have finished")
     p.add_argument("--stage1-dir", default=None, help="stage-0/1 checkpoints (default <output>/stage1)")
@@ -116,6 +158,8 @@ def main(argv=None):
     from winpos.experiments.report import format_pairs, format_stage0, format_table, format_zero_shot, plot_curve
     from winpos.experiments.reproduce import run_protocol
 
+    if args.vitdet_only:
+        return _vitdet(proto, args, log)
     if args.stage0_variants or args.stage0_only:
         from winpos.experiments import runs as R
         from winpos.experiments.protocol import STAGE0_VARIANTS, stage0_spec, stage0_variant_spec

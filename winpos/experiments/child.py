@@ -103,6 +103,11 @@ def run_detect(spec: dict) -> dict:
 
     setup_logger(output=os.path.join(spec["out"], "d2log.txt"), name="detectron2", abbrev_name="d2",
                  configure_stdout=False)
+    if spec.get("family") == "vitdet":  # the ViTDet half: its init is made before the run (vitdet.make_inits)
+        from winpos.experiments.vitdet import build_cfg as build_vitdet_cfg
+
+        return do_train(build_vitdet_cfg(spec), resume=True,
+                        extra_hooks=[_progress_hook(max(spec["iters"] // 10, 20))])
     if spec["encoding"] == "abs_planted" and not spec.get("init"):
         spec = dict(spec, init=os.path.join(spec["out"], "init_planted.pth"))
         if not os.path.isfile(spec["init"]):
