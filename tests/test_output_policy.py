@@ -137,8 +137,8 @@ def test_every_writer_goes_through_the_output_policy():
 
 
 _OUTPUT_FLAGS = re.compile(r"add_argument\(\s*\"(--output|--out|--json|--plot|--export-stage1|out_dir)\"")
-# Tools whose output folder is resumed (kept runs) and that take no --force yet; strict: the test fails once they do.
-PENDING_TOOLS = {"run_demo.py"}
+# Tools that write outputs without --force (none left; strict: a tool without it fails the test).
+PENDING_TOOLS = set()
 
 
 def test_every_tool_that_writes_an_output_takes_force():

@@ -58,7 +58,11 @@ def _vitdet(proto, args, log) -> int:
 
         torch.set_num_threads(proto.threads)
         log("speed: the three detectors' training steps side by side")
-        speed = V.measure_speed(config_dir)
+        from winpos.bench.train import run as bench_train
+
+        bench = bench_train(Path(config_dir), which="vitdet", encodings=list(V.CONFIGS), iters=8, warmup=2,
+                            bf16=False, overrides=[], device="cpu", seed=0)
+        speed = {r["encoding"]: r["median_s_per_iter"] for r in bench["rows"]}
     if not results:
         from winpos.errors import WinposError
 
@@ -191,10 +195,13 @@ def main(argv=None):
         print(format_table(summary))
     print("\npaired comparisons (treatment - baseline):")
     print(format_pairs(summary))
-    if not args.report_only:
-        for c in proto.conditions:
-            plot_curve(summary, str(Path(args.output) / f"curve_{c}.png"), c)
-        print(f"\nplots: {args.output}/curve_<condition>.png; every number: {args.output}/results.json")
+    # the report of what has finished (with --report-only too: it runs nothing, and the folder is this protocol's)
+    from winpos.outputs import atomic_write_json
+
+    for c in proto.conditions:
+        plot_curve(summary, str(Path(args.output) / f"curve_{c}.png"), c)
+    atomic_write_json(Path(args.output) / "results.json", summary)
+    print(f"\nplots: {args.output}/curve_<condition>.png; every number: {args.output}/results.json")
     return 0
 
 

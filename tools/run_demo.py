@@ -8,7 +8,7 @@ naively interpolated and converted exactly to abs-win, without finetuning and af
 (95% t-interval of the difference), then runs the doctor on the same model and plots the result.
 
     python tools/run_demo.py [--output output/demo] [--multiplier 1.5] [--condition upscaled] [--iters 200]
-        [--seeds 0,1,2] [--workers 2]
+        [--seeds 0,1,2] [--workers 2] [--force]
 
 A re-run with the same settings reuses finished runs; other settings in the same folder are refused.
 """
@@ -37,8 +37,22 @@ def main(argv=None):
     p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
     p.add_argument("--checkpoint", default=str(CHECKPOINT), help="stage-1 checkpoint (default: the shipped one)")
     p.add_argument("--manifest", default=None, help="its manifest with the SHA-256 (default: next to it)")
+    p.add_argument("--force", action="store_true",
+                   help="start over in --output: remove the demo folder there first (only a folder a demo or "
+                        "reproduction made, one holding protocol.json); without it, runs made with other settings "
+                        "are refused and identical ones reused")
     args = p.parse_args(argv)
     from winpos.experiments.demo import print_summary, run_demo
+
+    if args.force and Path(args.output).exists():
+        import shutil
+
+        from winpos.errors import WinposError
+
+        if not (Path(args.output) / "protocol.json").is_file():
+            raise WinposError(f"--force removes only a folder made by the demo or tools/reproduce.py (one with "
+                              f"protocol.json); {args.output} is not one: pass another --output")
+        shutil.rmtree(args.output)
 
     manifest = args.manifest or str(Path(args.checkpoint).with_suffix(".json"))
     summary = run_demo(str(CONFIG), args.checkpoint, manifest, args.output, args.multiplier, args.condition,

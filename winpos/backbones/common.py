@@ -264,8 +264,10 @@ def _trunc_normal_init(m: nn.Module) -> None:
         nn.init.zeros_(m.bias)
 
 
-# The one rule for "position parameter": token embeddings, relpos tables and learned RoPE frequencies. They take
-# no weight decay (``no_weight_decay``; ``winpos.d2.optim`` builds its parameter groups with the same rule).
+# The one rule for "position parameter": token embeddings, relpos tables and learned RoPE frequencies. It decides
+# what may keep its initialization on import (``may_keep_init``) and what ``no_weight_decay`` lists (for optimizers
+# outside detectron2). The detector configs do not use it for weight decay: ``winpos.d2.optim`` follows detectron2's
+# rule there (only what a config's ``overrides`` names, e.g. ``pos_embed``, is exempt; relpos tables decay).
 POSITION_KEYS = ("pos_embed", "rel_pos", "rope")
 
 

@@ -158,7 +158,8 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
     for ax, (key, title) in zip(axes, (("zero_shot", "zero-shot (the 64 px weights, no finetuning)"),
                                        ("stage2", "finetuned (mean over seeds; dots: seeds)"))):
         data, drawn = summary[key], []
-        for row in (r for r in ROWS if r in data):
+        present = [r for r in ROWS if r in data]
+        for i, row in enumerate(present):
             cells = data[row].get(condition, {})
             ks = _keys(cells)
             if not ks:
@@ -167,7 +168,8 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
             xs = [float(k[:-1]) for k in ks]
             if key == "zero_shot":
                 ys = [cells[k]["box"] for k in ks]
-            else:
+            else:  # rows side by side around each multiplier (x 1.03 apart), so their seeds do not overlap
+                xs = [x * 1.03 ** (i - (len(present) - 1) / 2) for x in xs]
                 ys = [sum(cells[k]["box"].values()) / len(cells[k]["box"]) for k in ks]
                 for x, k in zip(xs, ks):
                     ax.plot([x] * len(cells[k]["box"]), list(cells[k]["box"].values()), ".", color=color, ms=3)
@@ -186,7 +188,9 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
             ax.set_title(title, fontsize=10)
             continue
         ax.set_xscale("log", base=2)
-        ticks = sorted(set(drawn))
+        ticks = sorted({float(k[:-1]) for r in present for k in data[r].get(condition, {})})
+        if len(ticks) == 1:
+            ax.set_xlim(ticks[0] / 1.15, ticks[0] * 1.15)
         ax.set_xticks(ticks)
         ax.set_xticklabels([f"{t:g}x" for t in ticks])
         ax.minorticks_off()

@@ -82,6 +82,10 @@ def run_protocol(p: Protocol, log=print, report_only: bool = False, after_stage1
     ``<output>/results.json``). ``after_stage1()`` is called once every stage-1 checkpoint exists."""
     p.validate()
     if report_only:
+        if not (Path(p.output_dir) / "protocol.json").is_file():
+            raise WinposError(f"{p.output_dir} holds no reproduction (no protocol.json); run without --report-only "
+                              "first, or pass the --output of one")
+        claim_folder(p)  # refuses a folder made with other settings
         return _summary(p, log, strict=False)
     out = claim_folder(p)
     t0 = time.time()

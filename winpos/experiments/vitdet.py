@@ -16,12 +16,11 @@ convert an MAE checkpoint. Rows, all from the same trunk initialisation per seed
 
 The trunk is *not* MAE-pretrained (that is beyond a CPU budget): only the embedding is MAE's. So this measures what
 the three forms cost and what AP each reaches when trained from the same start, not how much of a pretrained
-trunk's knowledge each keeps. Speed is measured side by side (``winpos.bench.train``: the three detectors' training
-steps interleaved round-robin on one fixed batch).
+trunk's knowledge each keeps. Speed is measured side by side by ``tools/reproduce.py`` with ``winpos.bench.train``
+(the three detectors' training steps interleaved round-robin on one fixed batch; bench sits above this layer).
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from winpos.errors import WinposError
@@ -167,15 +166,3 @@ def format_table(summary: dict, speed: dict | None = None) -> str:
         lines.append(f"| {LABELS[p['treatment']].split(')')[0]}) - {LABELS[p['baseline']].split(')')[0]}) | "
                      f"{describe(p['box'])} | {describe(p['mask'])} |")
     return "\n".join(lines)
-
-
-def measure_speed(config_dir: str, iters: int = 8) -> dict:
-    """Median seconds per training iteration of the three detectors, steps interleaved (``winpos.bench.train``)."""
-    from winpos.bench.train import run
-
-    result = run(Path(config_dir), which="vitdet", encodings=list(CONFIGS), iters=iters, warmup=2, bf16=False,
-                 overrides=[], device="cpu", seed=0)
-    out = {r["encoding"]: r["median_s_per_iter"] for r in result["rows"] if r["encoding"] in CONFIGS}
-    if len(out) != len(CONFIGS) or any(v is None or not math.isfinite(v) for v in out.values()):
-        raise WinposError(f"the speed benchmark returned no time for some rows: {out}")
-    return out
