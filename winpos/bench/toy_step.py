@@ -83,6 +83,7 @@ def run(trees, iters: int = 60) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="toystep-") as tmp:
         for i, tree in enumerate(trees):
             out = os.path.join(tmp, f"run{i}")
+            os.makedirs(out)  # an older checkout may write into it before making it
             config = tree / "configs" / "shapes" / "reproduce_hieradet.py"
             spec = {"config": str(config), "overrides": overrides(iters=iters, out=out), "out": out}
             env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=str(tree),

@@ -122,14 +122,15 @@ def plot_demo(summary: dict, path: str) -> None:
                 v = zs.get(row, {}).get(c, {}).get(k)
                 if v is not None:
                     ax.bar(x, v["box"], color="C3" if row == "naive" else "C2", alpha=0.7)
-                    ax.text(x, v["box"] + 0.5, f"{v['box']:.1f}", ha="center", fontsize=8)
+                    ax.text(x, v["box"] / 2, f"{v['box']:.1f}", ha="center", fontsize=9, color="white")
             else:
                 cell = st2.get(row, {}).get(c, {}).get(k)
                 if cell:
                     vals = list(cell["box"].values())
                     mean = sum(vals) / len(vals)
                     ax.bar(x, mean, color="C3" if row == "naive" else "C2", alpha=0.7)
-                    ax.text(x, mean + 0.5, f"{mean:.1f}", ha="center", fontsize=8)
+                    ax.text(x, mean / 2, f"{mean:.1f}\n(mean of {len(vals)})", ha="center", fontsize=9,
+                            color="white")
         if key == "fine":
             a, b = (st2.get(r, {}).get(c, {}).get(k, {}).get("box", {}) for r in DEMO_ROWS)
             for s in sorted(set(a) & set(b)):
@@ -137,7 +138,17 @@ def plot_demo(summary: dict, path: str) -> None:
     ax.set_xticks([0, 1, 3, 4])
     ax.set_xticklabels([f"zero-shot\n{names['naive']}", f"zero-shot\n{names['abs2win']}",
                         f"finetuned\n{names['naive']}", f"finetuned\n{names['abs2win']}"], fontsize=8)
-    ax.set_ylabel("box AP (pycocotools); lines: paired seeds")
+    ax.set_ylabel("box AP (pycocotools); black lines: paired seeds")
+    pair = next((e for e in summary["pairs"] if e["treatment"] == "abs2win" and e["baseline"] == "naive"
+                 and "box" in e), None)
+    if pair:
+        from winpos.experiments.stats import describe
+
+        ax.text(3.5, 2, f"abs-win - naive:\n{describe(pair['box'])}", ha="center", fontsize=8,
+                bbox=dict(facecolor="white", alpha=0.85, lw=0))
+    ws = summary["stage1"]["abs_learned"]["window_structure"]
+    ax.text(0.5, 2, f"WS@4: {ws['ws']:.2f} at 64 px\nnaive {ws[f'ws_naive_{k}']:.2f} | abs-win "
+            f"{ws[f'ws_abswin_{k}']:.2f}", ha="center", fontsize=8, bbox=dict(facecolor="white", alpha=0.85, lw=0))
     ax.set_title(f"Learned window pattern at {k} the 64 px grid ({c}): naive vs abs-win", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
