@@ -118,3 +118,16 @@ def test_demo_refuses_a_missing_or_corrupt_shipped_checkpoint(what, tmp_path):
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("error: stage-1 checkpoint") and ("is missing" if what == "missing" else "corrupt") in line
     assert not (tmp_path / "o").exists()
+
+
+def test_run_demo_force_removes_only_a_demo_folder(tmp_path):
+    """--force starts the demo over, but only in a folder the demo or the reproduction made (protocol.json): any
+    other folder is refused before anything is removed."""
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "run_demo.py"), "--output", str(other), "--force"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert "--force removes only a folder made by the demo" in proc.stderr
+    assert (other / "notes.txt").read_text() == "keep me"

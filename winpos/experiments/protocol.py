@@ -281,14 +281,21 @@ def build_cfg(spec: dict):
     for part in (cfg.dataloader.train, cfg.dataloader.test):
         part.dataset.shapes = dict(spec["shapes"])
         part.mapper.image_size = size
+    return set_run_fields(cfg, spec, checkpoints=4, warmup=spec.get("warmup", 50))
+
+
+def set_run_fields(cfg, spec: dict, checkpoints: int, warmup: int):
+    """The fields every run of the reproduction sets from its spec: iterations, seed, output folder, init, lr and
+    its schedule (``warmup`` iterations, x0.1 for the last 15%), ``checkpoints`` saves per run, CPU, no evaluation
+    during training. Returns ``cfg``."""
     cfg.train.max_iter = max(spec["iters"], 1)
     cfg.train.seed = spec["seed"]
     cfg.train.output_dir = spec["out"]
     cfg.train.init_checkpoint = spec.get("init", "")
-    cfg.train.checkpointer.period = max(spec["iters"] // 4, 50)
+    cfg.train.checkpointer.period = max(spec["iters"] // checkpoints, 50)
     cfg.train.eval_period = 0
     cfg.train.device = "cpu"
     cfg.optimizer.lr = spec["lr"]
     if spec["iters"] > 0:
-        cfg.lr_multiplier = _schedule(spec["iters"], spec.get("warmup", 50))
+        cfg.lr_multiplier = _schedule(spec["iters"], warmup)
     return cfg

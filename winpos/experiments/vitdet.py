@@ -63,7 +63,7 @@ def mae_state(dim: int, grid: int) -> dict:
 def build_cfg(spec: dict):
     """The LazyConfig of one ViTDet run from its spec (row, iterations, lr, seed, output folder, init)."""
     from winpos.d2.config import load_config
-    from winpos.experiments.protocol import _schedule
+    from winpos.experiments.protocol import set_run_fields
 
     cfg = load_config(spec["config"], [])
     net = cfg.model.backbone.net
@@ -74,16 +74,7 @@ def build_cfg(spec: dict):
         part.dataset.names = part.dataset.names.replace("shapes_", "shapes1_")
         part.dataset.shapes = dict(SHAPES)
     cfg.model.roi_heads.num_classes = 1
-    cfg.train.max_iter = max(spec["iters"], 1)
-    cfg.train.seed = spec["seed"]
-    cfg.train.output_dir = spec["out"]
-    cfg.train.init_checkpoint = spec.get("init", "")
-    cfg.train.checkpointer.period = max(spec["iters"] // 2, 50)
-    cfg.train.eval_period = 0
-    cfg.train.device = "cpu"
-    cfg.optimizer.lr = spec["lr"]
-    cfg.lr_multiplier = _schedule(max(spec["iters"], 1), 30)
-    return cfg
+    return set_run_fields(cfg, spec, checkpoints=2, warmup=30)
 
 
 def make_inits(config_dir: str, out_dir: str, seed: int) -> dict:
