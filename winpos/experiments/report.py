@@ -154,7 +154,9 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.8))
     handles = {}
-    ref = [v.get("box_AP_64px") for v in (summary.get("stage1") or {}).values() if v and v.get("box_AP_64px")]
+    stage1 = summary.get("stage1") or {}
+    ref = [(e, v["box_AP_64px"]) for e, v in sorted(stage1.items(), key=lambda kv: kv[0] != "abs_learned")
+           if v and v.get("box_AP_64px")]
     for ax, (key, title) in zip(axes, (("zero_shot", "zero-shot (the 64 px weights, no finetuning)"),
                                        ("stage2", "finetuned (mean over seeds; dots: seeds)"))):
         data, drawn = summary[key], []
@@ -177,9 +179,10 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
             handles.setdefault(ROWS[row].label, line)
             drawn += xs
         if ref and drawn:
-            ax.axhline(ref[0], color="0.5", lw=0.8, ls=":")
-            ax.text(0.99, ref[0], f"64 px, stage 1: {ref[0]:.1f}", transform=ax.get_yaxis_transform(), ha="right",
-                    va="bottom", fontsize=7, color="0.35")
+            enc, value = ref[0]
+            ax.axhline(value, color="0.5", lw=0.8, ls=":")
+            ax.text(0.99, value, f"{enc} at 64 px (stage 1): {value:.1f}", transform=ax.get_yaxis_transform(),
+                    ha="right", va="bottom", fontsize=7, color="0.35")
         if not drawn:
             ax.text(0.5, 0.5, "no finished runs" if key == "stage2" else "no zero-shot runs", ha="center",
                     va="center", transform=ax.transAxes, color="0.4")
