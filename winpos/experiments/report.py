@@ -209,6 +209,7 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
     fine = (f"; finetuned {proto.get('finetune_iters')} iterations, {n} seeds" if summary["stage2"] else "")
     fig.suptitle(textwrap.fill(f"HieraDet Mask R-CNN trained at {PRETRAIN_SIZE} px with a learned absolute embedding,"
                                f" at larger grids ({condition}: {what}){fine}", 110), fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    legend_rows = -(-len(handles) // 3)
+    fig.tight_layout(rect=(0, 0.03 + 0.04 * legend_rows, 1, 1))
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), "wb")
     plt.close(fig)
