@@ -1,5 +1,5 @@
 """The layer diagram is true: every import inside winpos points down the stack, and detectron2 is imported only
-under ``winpos/d2`` (the integration) and ``winpos/experiments`` (the reproduction, which runs detectron2 models).
+under ``winpos/d2`` (the layers above, such as ``winpos/experiments``, reach it through ``winpos.d2``).
 
 Every ``import`` / ``from ... import`` statement of every module is checked, including the lazy ones inside
 functions (a lazy import is still a dependency). ``kernels/`` is installed as ``winpos.kernels``. The stack,
@@ -30,8 +30,7 @@ LAYERS = (
     ("experiments", ("winpos.experiments",)),
     ("bench", ("winpos.bench",)),
 )
-D2_ONLY = ("detectron2",)  # third-party packages only the d2 and experiments layers may import
-D2_USERS = ("d2", "experiments")
+D2_ONLY = ("detectron2",)  # third-party packages only the d2 layer may import
 
 
 def layer_of(module: str) -> int:
@@ -75,8 +74,8 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
             if target > own:
                 found.append(f"{module}:{line} imports {name}: layer {LAYERS[own][0]} may not import the layer "
                              f"above it, {LAYERS[target][0]}")
-        elif top in D2_ONLY and LAYERS[own][0] not in D2_USERS:
-            found.append(f"{module}:{line} imports {name}: only winpos/d2 and winpos/experiments may import {top}")
+        elif top in D2_ONLY and LAYERS[own][0] != "d2":
+            found.append(f"{module}:{line} imports {name}: only winpos/d2 may import {top}")
     return found
 
 
@@ -111,8 +110,9 @@ def test_every_module_is_in_a_layer():
     ("winpos.kernels.dispatch", "import winpos.attention\n", "kernels may not import the layer above it, attention"),
     ("winpos.kernels.dispatch", "from winpos import bench\n", "kernels may not import"),
     ("winpos.diagnostics.doctor", "from ..d2.config import load_config\n", "diagnostics may not import"),
-    ("winpos.data.coco", "from detectron2.data import DatasetCatalog\n", "only winpos/d2 and winpos/experiments may import detectron2"),
-    ("winpos.bench.peers", "import detectron2.modeling\n", "only winpos/d2 and winpos/experiments may import detectron2"),
+    ("winpos.data.coco", "from detectron2.data import DatasetCatalog\n", "only winpos/d2 may import detectron2"),
+    ("winpos.bench.peers", "import detectron2.modeling\n", "only winpos/d2 may import detectron2"),
+    ("winpos.experiments.child", "from detectron2.engine import HookBase\n", "only winpos/d2 may import detectron2"),
 ])
 def test_an_upward_import_is_caught(module, source, message):
     found = violations(module, source)

@@ -42,15 +42,14 @@ def _vitdet(proto, args, log) -> int:
 
     out = Path(args.output) / "vitdet"
     config_dir = str(Path(args.config).parent)
-    if args.report_only:
-        specs = [s for seed in args.vitdet_seeds for s in V.specs(config_dir, str(out), [seed], args.vitdet_iters,
-                                                                   threads=proto.threads)
-                 if (out / "inits" / f"init_{s['row']}_seed{seed}.pth").is_file()]
-        results = [r for r in (R.finished(s) for s in specs) if r]
+    specs = V.specs(config_dir, str(out), args.vitdet_seeds, args.vitdet_iters, threads=proto.threads)
+    if args.report_only:  # runs whose init was never made cannot have finished
+        results = [r for r in (R.finished(s) for s in specs if Path(s["init"]).is_file()) if r]
         speed = None
     else:
         claim_folder(proto)
-        specs = V.specs(config_dir, str(out), args.vitdet_seeds, args.vitdet_iters, threads=proto.threads)
+        for seed in args.vitdet_seeds:
+            V.make_inits(config_dir, str(out / "inits"), seed)
         log(f"ViTDet half: {len(specs)} runs ({len(V.CONFIGS)} rows x {len(args.vitdet_seeds)} seeds), "
             f"{args.vitdet_iters} iterations each")
         results = R.run_pool(specs, proto.workers, log)

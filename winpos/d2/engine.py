@@ -20,6 +20,7 @@ import inspect
 import json
 import logging
 import os
+import time
 
 import torch
 from detectron2.config import instantiate
@@ -278,6 +279,47 @@ class ResumableWriter(hooks.PeriodicWriter):
         tb = {"purge_step": start} if start > 0 else {}
         self._writers = [CommonMetricPrinter(self._max_iter), JSONWriter(metrics),
                          TensorboardXWriter(self._output_dir, **tb)]
+
+
+def warmup_step_schedule(max_iter: int, warmup: int, last_fraction: float = 0.15):
+    """A short run's lr multiplier (the reproduction's runs): linear warmup over ``warmup`` iterations (at most half
+    the run) from 0.001, then 1, and x0.1 for the last ``last_fraction`` of the run when it has room for a step."""
+    from detectron2.config import LazyCall as L
+    from detectron2.solver import WarmupParamScheduler
+    from fvcore.common.param_scheduler import MultiStepParamScheduler
+
+    step = min(round((1 - last_fraction) * max_iter), max_iter - 1)
+    values, milestones = ([1.0, 0.1], [step]) if step >= 1 else ([1.0], [])
+    return L(WarmupParamScheduler)(
+        scheduler=L(MultiStepParamScheduler)(values=values, milestones=milestones, num_updates=max_iter),
+        warmup_length=min(warmup / max_iter, 0.5), warmup_factor=0.001)
+
+
+class ProgressHook(hooks.HookBase):
+    """Calls ``emit(line)`` every ``every`` iterations and at the last one with the iteration, the median loss of
+    the last ``every`` iterations and the rate since the start of this process's training."""
+
+    def __init__(self, every: int, emit):
+        self.every, self.emit = max(int(every), 1), emit
+
+    def before_train(self):
+        self.t0 = time.time()
+
+    def after_step(self):
+        it = self.trainer.iter + 1
+        if it % self.every == 0 or it == self.trainer.max_iter:
+            storage = self.trainer.storage
+            loss = storage.history("total_loss").median(self.every) if "total_loss" in storage.histories() \
+                else float("nan")
+            rate = (it - self.trainer.start_iter) / max(time.time() - self.t0, 1e-9)
+            self.emit(f"iteration {it}/{self.trainer.max_iter}, loss {loss:.3f}, {rate:.2f} it/s")
+
+
+def log_detectron2_to_file(path: str) -> None:
+    """detectron2's log of this process into ``path`` only (nothing on the console)."""
+    from detectron2.utils.logger import setup_logger
+
+    setup_logger(output=path, name="detectron2", abbrev_name="d2", configure_stdout=False)
 
 
 def build_optimizer(cfg, model):

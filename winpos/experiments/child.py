@@ -22,21 +22,9 @@ def progress(line: str) -> None:
 
 
 def _progress_hook(every: int):
-    from detectron2.engine import HookBase
+    from winpos.d2.engine import ProgressHook
 
-    class Progress(HookBase):
-        def before_train(self):
-            self.t0 = time.time()
-
-        def after_step(self):
-            it = self.trainer.iter + 1
-            if it % every == 0 or it == self.trainer.max_iter:
-                loss = self.trainer.storage.history("total_loss").median(every) if \
-                    "total_loss" in self.trainer.storage.histories() else float("nan")
-                rate = (it - self.trainer.start_iter) / max(time.time() - self.t0, 1e-9)
-                progress(f"iteration {it}/{self.trainer.max_iter}, loss {loss:.3f}, {rate:.2f} it/s")
-
-    return Progress()
+    return ProgressHook(every, progress)
 
 
 def run_stage0(spec: dict) -> dict:
@@ -95,14 +83,11 @@ def evaluate_checkpoint(cfg, checkpoint: str, zero_embedding: bool = False) -> d
 
 def run_detect(spec: dict) -> dict:
     """Train (resuming in its own folder) and evaluate one detection run, or evaluate its init (``iters`` 0)."""
-    from detectron2.utils.logger import setup_logger
-
     import winpos.d2  # noqa: F401 - registrations
-    from winpos.d2.engine import do_train
+    from winpos.d2.engine import do_train, log_detectron2_to_file
     from winpos.experiments.protocol import PLANTED_START, build_cfg
 
-    setup_logger(output=os.path.join(spec["out"], "d2log.txt"), name="detectron2", abbrev_name="d2",
-                 configure_stdout=False)
+    log_detectron2_to_file(os.path.join(spec["out"], "d2log.txt"))
     if spec.get("family") == "vitdet":  # the ViTDet half: its init is made before the run (vitdet.make_inits)
         from winpos.experiments.vitdet import build_cfg as build_vitdet_cfg
 

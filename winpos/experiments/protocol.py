@@ -245,18 +245,6 @@ def no_embedding_spec(p: Protocol, encoding: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- the config
-def _schedule(max_iter: int, warmup: int):
-    from detectron2.config import LazyCall as L
-    from detectron2.solver import WarmupParamScheduler
-    from fvcore.common.param_scheduler import MultiStepParamScheduler
-
-    step = min(round(0.85 * max_iter), max_iter - 1)  # lr x0.1 for the last 15%
-    values, milestones = ([1.0, 0.1], [step]) if step >= 1 else ([1.0], [])
-    return L(WarmupParamScheduler)(
-        scheduler=L(MultiStepParamScheduler)(values=values, milestones=milestones, num_updates=max_iter),
-        warmup_length=min(warmup / max_iter, 0.5), warmup_factor=0.001)
-
-
 # backbone fields of a converted row (the stage-2 model that loads the converted weights)
 CONVERTED_FIELDS = {
     "abswin": dict(pos_embed="abswin", pos_global_size=GRID),  # residual at 16x16 + tiled 4x4 window part
@@ -297,5 +285,7 @@ def set_run_fields(cfg, spec: dict, checkpoints: int, warmup: int):
     cfg.train.device = "cpu"
     cfg.optimizer.lr = spec["lr"]
     if spec["iters"] > 0:
-        cfg.lr_multiplier = _schedule(spec["iters"], warmup)
+        from winpos.d2.engine import warmup_step_schedule
+
+        cfg.lr_multiplier = warmup_step_schedule(spec["iters"], warmup)
     return cfg

@@ -77,6 +77,11 @@ def build_cfg(spec: dict):
     return set_run_fields(cfg, spec, checkpoints=2, warmup=30)
 
 
+def init_paths(out_dir: str, seed: int) -> dict:
+    """``{row: path}`` of the init checkpoints of ``seed`` under ``out_dir`` (made by ``make_inits``)."""
+    return {row: str(Path(out_dir) / f"init_{row}_seed{seed}.pth") for row in CONFIGS}
+
+
 def make_inits(config_dir: str, out_dir: str, seed: int) -> dict:
     """One init checkpoint per row for ``seed``: the same trunk weights in all three (built once, for ``abs``),
     the position parts from the sin-cos MAE table as ``load_external`` converts it for each row's model. Returns
@@ -87,7 +92,7 @@ def make_inits(config_dir: str, out_dir: str, seed: int) -> dict:
     from winpos.d2.engine import build_model
     from winpos.experiments.checkpoints import _save_model
 
-    paths = {row: str(Path(out_dir) / f"init_{row}_seed{seed}.pth") for row in CONFIGS}
+    paths = init_paths(out_dir, seed)
     if all(Path(p).is_file() for p in paths.values()):
         return paths
     trunk = None
@@ -115,10 +120,11 @@ def make_inits(config_dir: str, out_dir: str, seed: int) -> dict:
 
 
 def specs(config_dir: str, output_dir: str, seeds, iters: int = 600, lr: float = 4e-4, threads: int = 1) -> list:
-    """The run specs (rows x seeds), each with its init made by ``make_inits``."""
+    """The run specs (rows x seeds), each naming its init under ``<output_dir>/inits`` (``make_inits`` makes them
+    before the runs start)."""
     out = []
     for seed in seeds:
-        inits = make_inits(config_dir, str(Path(output_dir) / "inits"), seed)
+        inits = init_paths(str(Path(output_dir) / "inits"), seed)
         for row in CONFIGS:
             out.append(dict(name=f"vitdet/{row}/seed{seed}", kind="detect", family="vitdet", row=row,
                             config=str(Path(config_dir) / CONFIGS[row]), iters=iters, seed=seed, lr=lr,
