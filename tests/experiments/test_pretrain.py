@@ -84,4 +84,4 @@ def test_stage0_needs_a_learned_absolute_embedding():
     net = create("hieradet_toy", "original", embed_dim=16, num_heads=1, img_size=64, pretrain_img_size=64,
                  pos_embed="abswin")
     with pytest.raises(WinposError, match="pos_embed='abs'"):
-        S0.embedding_grid(net)
+        S0.model_embedding_grid(net)

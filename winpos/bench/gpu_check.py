@@ -42,6 +42,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..outputs import atomic_write_json
 from .blocked_imports import child_command, pytest_plugin_options
 
 KERNEL_TOL = {"bfloat16": 6e-2, "float16": 1e-2, "float32": 1e-4}  # max |out - sdpa| of a kernel benchmark row
@@ -76,7 +77,7 @@ class Log:
 
     def __call__(self, msg: str) -> None:
         print(msg, flush=True)
-        with open(self.path, "a") as f:
+        with open(self.path, "a") as f:  # output-policy: append-only log of this check, in the folder it claimed
             f.write(msg + "\n")
 
 
@@ -132,8 +133,10 @@ def install_if_needed(root) -> dict | None:
 
     pip_error = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "error" in ln.lower()][-1:]
     target = Path(site.getsitepackages()[0])
-    (target / "winpos_source_hook.py").write_text(SOURCE_HOOK.format(root=str(Path(root).resolve())))
-    (target / "winpos_source_hook.pth").write_text("import winpos_source_hook\n")
+    from ..outputs import atomic_write_text
+
+    atomic_write_text(target / "winpos_source_hook.py", SOURCE_HOOK.format(root=str(Path(root).resolve())))
+    atomic_write_text(target / "winpos_source_hook.pth", "import winpos_source_hook\n")
     return {"status": "ok", "detail": f"pip could not install ({' '.join(pip_error).strip()}); winpos is imported "
                                       f"from the source tree by {target / 'winpos_source_hook.pth'}"}
 
@@ -356,5 +359,5 @@ def run_check(out_dir, dry_run: bool = False, budget_s: float = 450.0, steps=STE
         log(f"   {name}: {result['status']} ({result['seconds']:.1f} s)")
         report["elapsed_s"] = time.time() - start
         report["ok"] = all(s["status"] == "ok" for s in report["steps"].values())
-        (out / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        atomic_write_json(out / "gpu_check.json", report)
     return report

@@ -10,10 +10,10 @@ the signatures the model launched, which fell back, and the seconds each check t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
+from ..outputs import atomic_write_json
 from .blocked_imports import install_from_env
 
 
@@ -101,8 +101,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     row = time_row(args.name, args.compiled, args.dry_run)
-    with open(args.json, "w") as f:
-        json.dump(row, f)
+    atomic_write_json(args.json, row, indent=None)
     return 0
 
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gc
-import json
 import math
 import multiprocessing as mp
 import os
@@ -14,6 +13,7 @@ from typing import Callable
 
 import torch
 from winpos.errors import WinposError
+from winpos.outputs import atomic_write_json
 
 
 def progress(total: int, desc: str):
@@ -82,7 +82,7 @@ def _release_and_reset_peak() -> None:
     except (OSError, AttributeError):
         pass
     try:
-        with open("/proc/self/clear_refs", "w") as f:
+        with open("/proc/self/clear_refs", "w") as f:  # output-policy: a kernel control file, not an output
             f.write("5")
     except OSError:
         pass
@@ -152,6 +152,5 @@ def _finite(obj):
 
 def write_json(path, payload) -> None:
     if path:
-        with open(path, "w") as f:
-            json.dump(_finite(payload), f, indent=2, allow_nan=False)
+        atomic_write_json(path, _finite(payload), indent=2, allow_nan=False)
         print(f"\nwrote {path}")

@@ -132,7 +132,7 @@ def planted_start(spec: dict, dst: str, window_std: float, global_std: float) ->
     return window_structure(dst)
 
 
-def embedding_grid(checkpoint: str):
+def checkpoint_embedding_grid(checkpoint: str):
     """The absolute embedding a stage-1 checkpoint adds at its 16x16 grid, ``(C, 16, 16)``, or None."""
     from winpos.posemb.abswin import abswin_embedding
 
@@ -152,7 +152,7 @@ def window_structure(checkpoint: str, multipliers=(1.25, 1.5, 2, 4)) -> dict | N
     from winpos.diagnostics.metrics import naive_resize, periodic_energy_ratio, window_similarity
     from winpos.posemb.abswin import abs_to_abswin, abswin_embedding
 
-    E = embedding_grid(checkpoint)
+    E = checkpoint_embedding_grid(checkpoint)
     if E is None:
         return None
     out = {"ws": window_similarity(E, WINDOW, centred=True), "periodic_energy": periodic_energy_ratio(E, WINDOW)}

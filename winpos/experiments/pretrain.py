@@ -96,7 +96,7 @@ def unit_targets(images: torch.Tensor) -> torch.Tensor:
     return (t - t.mean(-1, keepdim=True)) / (t.var(-1, keepdim=True) + 1e-6).sqrt()
 
 
-def embedding_grid(net) -> torch.Tensor:
+def model_embedding_grid(net) -> torch.Tensor:
     """The learned absolute embedding of ``net`` as a ``(C, g, g)`` tensor (a view of the parameter's data)."""
     pe = getattr(net.pos_embed, "pos_embed", None)
     if pe is None or net.pos_embed_kind != "abs":
@@ -108,7 +108,7 @@ def embedding_grid(net) -> torch.Tensor:
 def window_ws(net) -> float:
     from winpos.diagnostics.metrics import window_similarity
 
-    return float(window_similarity(embedding_grid(net), UNIT, centred=True))
+    return float(window_similarity(model_embedding_grid(net), UNIT, centred=True))
 
 
 class Stage0:
