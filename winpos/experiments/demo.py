@@ -54,8 +54,8 @@ def demo_specs(p: Protocol, checkpoint: str, converted: str, k, condition: str) 
     return zero, fine
 
 
-def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/demo", multiplier=1.5,
-             condition: str = "upscaled", iters: int = 200, seeds=(0, 1, 2), workers: int = 2, lr: float = 2e-4,
+def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/demo", multiplier=1.25,
+             condition: str = "canvas", iters: int = 200, seeds=(0, 1, 2), workers: int = 2, lr: float = 2e-4,
              log=print) -> dict:
     """Run the demo (see the module docstring); returns the summary (also ``<output_dir>/summary.json``)."""
     from winpos.experiments.checkpoints import convert, window_structure
