@@ -1,0 +1,69 @@
+"""What the demo prints and plots is true of the runs it is given (no training: synthetic run results)."""
+from __future__ import annotations
+
+import pytest
+
+from winpos.experiments.demo import plot_demo, print_summary
+from winpos.experiments.report import summarize
+
+WS = {"ws": 0.42, "ws_naive_1.25x": 0.01, "ws_abswin_1.25x": 0.60}
+LEARNED = [{"iter": 0, "ws": -0.001}, {"iter": 800, "ws": 0.93}]
+
+
+def _run(row, seed, box, iters=200):
+    name = f"{row}/canvas/1.25x/" + ("zero-shot" if iters == 0 else f"seed{seed}")
+    return {"spec": {"name": name, "size": 80, "iters": iters, "seed": seed},
+            "bbox": {"AP": box}, "segm": {"AP": box - 10}}
+
+
+def _summary(naive, abswin, history=LEARNED):
+    runs = [_run("naive", None, 55.0, 0), _run("abs2win", None, 56.4, 0)]
+    runs += [_run("naive", s, v) for s, v in enumerate(naive)] + [_run("abs2win", s, v) for s, v in enumerate(abswin)]
+    stage0 = {"history": history, "reliance": {"learned": 0.025, "zeroed": 0.289, "rolled_1_token": 0.358,
+                                               "rolled_1_window": 0.026}}
+    summary = summarize({"rows": ["naive", "abs2win"], "multiplier": 1.25, "condition": "canvas",
+                         "seeds": list(range(len(naive))), "finetune_iters": 200, "finetune_lr": 2e-4},
+                        stage0, {"abs_learned": {"window_structure": WS}}, runs)
+    summary.update(stage1_manifest={"stage0": stage0, "stage1": {"iters": 12000}, "box_AP_64px": 56.9},
+                   doctor=["[BUG] absolute embedding naively interpolated", "fix: recipe=paper"], minutes=6.5)
+    return summary
+
+
+def _printed(summary, tmp_path):
+    lines = []
+    print_summary(summary, tmp_path, log=lines.append)
+    return "\n".join(lines)
+
+
+def test_a_gain_in_every_seed_is_reported_with_its_interval(tmp_path):
+    text = _printed(_summary([55.3, 54.5, 56.0], [56.2, 56.0, 56.9]), tmp_path)
+    assert "from a random start the embedding learned a window pattern, WS@4 -0.00 -> 0.93" in text
+    assert "12000 iterations at 64 px, box AP 56.9" in text and "naive interpolation leaves 0.01" in text
+    assert "naive 55.0 | abs-win 56.4 box AP (+1.4; one evaluation each, no interval)" in text
+    # per seed +0.9, +1.5, +0.9: mean 1.1, sd 0.35, t(0.975, 2) = 4.303 -> half-width 0.86
+    assert "naive 55.3 | abs-win 56.4 box AP" in text and "per seed +0.9, +1.5, +0.9" in text
+    assert "+1.10 [+0.24, +1.96]" in text and "the interval excludes 0" in text and "(this run's one test, 3 seeds" in text
+    assert "[BUG]" in text and "6.5 min" in text
+
+
+def test_a_tie_is_not_called_a_difference(tmp_path):
+    text = _printed(_summary([55.3, 54.5, 56.0], [55.1, 54.9, 55.8]), tmp_path)
+    assert "the interval includes 0: no difference shown after finetuning" in text
+    assert "excludes 0" not in text
+
+
+@pytest.mark.parametrize("history, phrase", [
+    ([{"iter": 0, "ws": 0.0}, {"iter": 800, "ws": 0.2}], "did not learn a window pattern (WS below 0.5)"),
+    ([{"iter": 0, "ws": 0.7}, {"iter": 800, "ws": 0.9}], "from a start that already had one"),
+])
+def test_learned_is_said_only_when_the_history_shows_it(tmp_path, history, phrase):
+    summary = _summary([55.3, 54.5], [56.2, 56.0], history)
+    text = _printed(summary, tmp_path)
+    assert phrase in text
+    assert "from a random start the embedding learned" not in text
+
+
+def test_the_plot_is_written(tmp_path):
+    path = tmp_path / "demo.png"
+    plot_demo(_summary([55.3, 54.5, 56.0], [56.2, 56.0, 56.9], LEARNED), str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
