@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..outputs import atomic_write_json
+from ..outputs import atomic_write_json, atomic_write_text
 from .blocked_imports import child_command, pytest_plugin_options
 
 KERNEL_TOL = {"bfloat16": 6e-2, "float16": 1e-2, "float32": 1e-4}  # max |out - sdpa| of a kernel benchmark row
@@ -133,8 +133,6 @@ def install_if_needed(root) -> dict | None:
 
     pip_error = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "error" in ln.lower()][-1:]
     target = Path(site.getsitepackages()[0])
-    from ..outputs import atomic_write_text
-
     atomic_write_text(target / "winpos_source_hook.py", SOURCE_HOOK.format(root=str(Path(root).resolve())))
     atomic_write_text(target / "winpos_source_hook.pth", "import winpos_source_hook\n")
     return {"status": "ok", "detail": f"pip could not install ({' '.join(pip_error).strip()}); winpos is imported "
