@@ -113,16 +113,34 @@ def check_weights(cfg, eval_only: bool, random_weights: bool = False) -> None:
         raise WinposError(f"--random-weights and train.init_checkpoint={checkpoint} were both given; drop one")
 
 
-def _default_setup(cfg, args) -> None:
-    from detectron2.utils.collect_env import collect_env_info
-    from detectron2.utils.env import seed_all_rng
-    from detectron2.utils.logger import setup_logger
+def seed_process(cfg) -> int | None:
+    """Seed this process's global RNGs (torch, numpy, Python ``random``) with ``train.seed + rank``; returns the seed
+    used. ``train.seed: None`` draws a fresh seed (detectron2's choice: pid, time and urandom), logged by detectron2.
 
-    output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
+    The training loop draws from these global streams (the RPN's and ROI heads' sampling of proposals uses
+    ``torch.randperm`` without a generator), and a new process starts them from entropy, so without this two runs
+    of one config differ from the first iteration on. The data stream has its own seeded generators.
+    """
+    from detectron2.utils.env import seed_all_rng
+
     seed = OmegaConf.select(cfg, "train.seed", default=0)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise WinposError(f"train.seed={seed!r} is not an integer; set an int >= 0 (e.g. train.seed=0), or None for a "
+                          "fresh draw")
     if seed is not None and seed < 0:
         raise WinposError(f"train.seed={seed} is negative; every rank and the data stream are seeded with seed + "
                           "rank: set a seed >= 0 (e.g. train.seed=0), another one for another random draw")
+    seeded = None if seed is None else seed + comm.get_rank()
+    seed_all_rng(seeded)
+    return seeded
+
+
+def _default_setup(cfg, args) -> None:
+    from detectron2.utils.collect_env import collect_env_info
+    from detectron2.utils.logger import setup_logger
+
+    output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
+    seed_process(cfg)  # first, so that a bad train.seed is refused before the run folder is claimed
     if comm.is_main_process() and output_dir:
         if getattr(args, "eval_only", False):
             os.makedirs(output_dir, exist_ok=True)
@@ -135,7 +153,6 @@ def _default_setup(cfg, args) -> None:
     d2_logger.info(f"Rank of current process: {rank}. World size: {comm.get_world_size()}")
     _log_to_files_only(d2_logger, "Environment info:\n" + collect_env_info())  # the file keeps it, not the terminal
     d2_logger.info("Command line arguments: " + str(args))
-    seed_all_rng(None if seed is None else seed + rank)
     if not getattr(args, "eval_only", False):
         torch.backends.cudnn.benchmark = bool(OmegaConf.select(cfg, "train.cudnn_benchmark", default=False))
 
@@ -339,6 +356,9 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     if comm.is_main_process():
         logger.info(start_up_block(cfg, comm.get_world_size(), cfg.train.device))
         claim_run_dir(cfg.train.output_dir, resume=resume, force=force)
+    # Seeded here, not only in setup, so that a caller that skips setup (a library call, the reproduction's runs)
+    # still gets the same run twice; a resume then restores the streams saved in its checkpoint (RNGState).
+    seed_process(cfg)
     model = build_model(cfg)
     optimizer = build_optimizer(cfg, model)
     model = _ddp(model, cfg)

@@ -130,6 +130,9 @@ def main(spec: dict) -> None:
                "segm": {k: float(v) for k, v in results["segm"].items()}}
     out["seconds"] = time.time() - t0
     out["threads"] = torch.get_num_threads()
+    # do_train (detection) and pretrain (stage 0) seed torch, numpy and random from the spec's seed, so this run is
+    # repeatable bit for bit; results without this field predate the seeding and are one random draw each
+    out["global_rng_seeded"] = True
     atomic_write_json(Path(spec["out"]) / "result.json", out)
 
 
