@@ -104,6 +104,33 @@ def test_atomic_write_shows_no_partial_file_and_cleans_up(tmp_path):
     assert target.read_bytes() == b"new data" and os.listdir(tmp_path) == ["w.bin"]
 
 
+def test_atomic_savefig_writes_the_format_of_the_extension_and_refuses_an_unknown_one(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from winpos.errors import WinposError
+    from winpos.outputs import atomic_savefig
+
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.plot([0, 1], [1, 0])
+    try:
+        atomic_savefig(fig, tmp_path / "a.png")
+        atomic_savefig(fig, tmp_path / "a.pdf")
+        atomic_savefig(fig, tmp_path / "a.SVG")
+        atomic_savefig(fig, tmp_path / "noext")
+        with pytest.raises(WinposError, match=r"'\.docx'.*\.png"):
+            atomic_savefig(fig, tmp_path / "a.docx")
+    finally:
+        plt.close(fig)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "a.pdf").read_bytes()[:5] == b"%PDF-"
+    assert b"<svg" in (tmp_path / "a.SVG").read_bytes()[:2000]
+    assert (tmp_path / "noext").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(os.listdir(tmp_path)) == ["a.SVG", "a.pdf", "a.png", "noext"]  # nothing for .docx, no temporaries
+
+
 # -------------------------------------------------------------------------------------- wrong files, exit 0
 
 

@@ -6,8 +6,8 @@ The API in short (every writer in ``winpos`` and ``tools`` follows it; ``tests/t
    for a file, ``check_output_dir(folder, planned=[names], force=...)`` for a folder of known files, and
    ``winpos.d2.run_dir.claim_run_dir`` for a training ``output_dir`` (refused when it holds another run; locked).
    An existing output is replaced only with ``force`` (``--force`` on the command line).
-2. Write through this module: ``atomic_write(path, lambda f: torch.save(sd, f))``, ``atomic_write_text`` or
-   ``atomic_write_json``. Any ``open(..., "w")``, ``torch.save``, ``json.dump``, ``savefig``, ``Image.save``,
+2. Write through this module: ``atomic_write(path, lambda f: torch.save(sd, f))``, ``atomic_write_text``,
+   ``atomic_write_json`` or ``atomic_savefig`` (a matplotlib figure). Any ``open(..., "w")``, ``torch.save``, ``json.dump``, ``savefig``, ``Image.save``,
    ``write_text`` / ``write_bytes`` or ``shutil.copy`` outside an ``atomic_write(...)`` call (or outside a function
    passed to one) bypasses the policy, and the writer walk fails naming its file:line. A write that is correct
    without it (a staging folder renamed into place as a whole, an append-only log, a ``/proc`` control file)
@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 from winpos.errors import WinposError
 
-__all__ = ["atomic_write", "atomic_write_text", "atomic_write_json", "EXEMPT_MARK", "WriteError", "check_output_file", "check_output_dir", "same_file", "remove_stale_temps"]
+__all__ = ["atomic_write", "atomic_write_text", "atomic_write_json", "atomic_savefig", "EXEMPT_MARK", "WriteError", "check_output_file", "check_output_dir", "same_file", "remove_stale_temps"]
 
 
 class WriteError(OSError):
@@ -138,6 +138,18 @@ def atomic_write_json(path, obj, indent: int | None = 1, **dump_kwargs) -> None:
 
 EXEMPT_MARK = "# output-policy:"
 """The comment that marks a file write the writer walk accepts without ``atomic_write``; a reason must follow."""
+
+
+def atomic_savefig(fig, path, dpi: int = 110) -> None:
+    """``atomic_write`` of a matplotlib figure. The format follows ``path``'s extension (``.png``, ``.pdf``, ``.svg``,
+    ...; a path without one is written as PNG); an extension matplotlib cannot write is refused before anything is
+    written, naming the ones it can."""
+    ext = os.path.splitext(os.fspath(path))[1][1:].lower() or "png"
+    supported = fig.canvas.get_supported_filetypes()
+    if ext not in supported:
+        raise WinposError(f"cannot write a figure as '.{ext}' ({os.fspath(path)}); use one of the extensions "
+                          f"matplotlib writes: {', '.join('.' + e for e in sorted(supported))}")
+    atomic_write(path, lambda f: fig.savefig(f, dpi=dpi, format=ext), "wb")
 
 
 def remove_stale_temps(folder, pattern: str = "*.tmp") -> list[Path]:

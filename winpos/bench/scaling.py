@@ -3,13 +3,12 @@ growth exponent (time ~ tokens^k); window-only models should give k near 1, glob
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
 from winpos.bench.timing import interleaved_medians, peak_rss_mib, print_table
 from winpos.errors import WinposError
-from winpos.outputs import atomic_write
+from winpos.outputs import atomic_savefig
 
 VARIANTS = {
     "window-only (abswin, no global blocks)": dict(recipe="paper", global_blocks=(), global_pos="none"),
@@ -138,6 +137,5 @@ def plot(results, path) -> None:
         ax.grid(alpha=0.3, which="both")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fmt = os.path.splitext(str(path))[1][1:] or "png"
-    atomic_write(path, lambda f: fig.savefig(f, dpi=120, format=fmt), "wb")
+    atomic_savefig(fig, path, dpi=120)
     plt.close(fig)

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_num_classes
 from winpos.errors import WinposError
-from winpos.outputs import atomic_write, check_output_dir
+from winpos.outputs import atomic_savefig, atomic_write, check_output_dir
 
 __all__ = ["build_coco_evaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
            "plot_sweeps", "measure_fps", "sweep_table", "load_sweeps"]
@@ -191,7 +191,7 @@ def plot_sweeps(runs: dict, path: str, train_size: int | None = None, title: str
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, dpi=120, format=os.path.splitext(path)[1][1:] or "png"), "wb")
+    atomic_savefig(fig, path, dpi=120)
     plt.close(fig)
 
 

@@ -19,7 +19,7 @@ import torch
 from matplotlib.figure import Figure
 
 from winpos.diagnostics.extract import EmbeddingInfo
-from winpos.outputs import atomic_write
+from winpos.outputs import atomic_savefig
 from winpos.diagnostics.metrics import (SCAN_MAX_SIDE, PeriodScan, naive_resize, offset_similarity_map, period_scan,
                                         scan_peak, window_similarity, window_similarity_matrix, window_tiles)
 from winpos.errors import WinposError
@@ -61,10 +61,10 @@ def _save(fig: Figure, path: Path, pdf: bool) -> list[Path]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda f: fig.savefig(f, dpi=110, format="png"))  # constrained layout fits the labels
+        atomic_savefig(fig, path, dpi=110)  # constrained layout fits the labels
         out = [path]
         if pdf:
-            atomic_write(path.with_suffix(".pdf"), lambda f: fig.savefig(f, format="pdf"))
+            atomic_savefig(fig, path.with_suffix(".pdf"))
             out.append(path.with_suffix(".pdf"))
     except OSError as e:
         raise WinposError(f"cannot write figure '{path}' ({e.strerror or e}); choose an output folder you can "

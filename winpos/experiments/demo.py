@@ -110,7 +110,7 @@ def plot_demo(summary: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from winpos.outputs import atomic_write
+    from winpos.outputs import atomic_savefig
 
     proto = summary["protocol"]
     c, k = proto["condition"], label(proto["multiplier"])
@@ -154,7 +154,7 @@ def plot_demo(summary: dict, path: str) -> None:
     ax.set_title(f"Learned window pattern at {k} the 64 px grid ({c}): naive vs abs-win", fontsize=10)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), "wb")
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
 
 

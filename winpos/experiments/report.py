@@ -150,7 +150,7 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from winpos.outputs import atomic_write
+    from winpos.outputs import atomic_savefig
 
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.8))
     handles = {}
@@ -211,5 +211,5 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
                                f" at larger grids ({condition}: {what}){fine}", 110), fontsize=10)
     legend_rows = -(-len(handles) // 3)
     fig.tight_layout(rect=(0, 0.03 + 0.04 * legend_rows, 1, 1))
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110), "wb")
+    atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
