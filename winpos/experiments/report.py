@@ -21,7 +21,11 @@ def summarize(protocol: dict, stage0: dict | None, stage1: dict, runs: list[dict
         cell = table.setdefault(row, {}).setdefault(cond, {}).setdefault(k, {"box": {}, "mask": {}})
         cell["box"][str(s["seed"])] = out["bbox"]["AP"]
         cell["mask"][str(s["seed"])] = out["segm"]["AP"]
-    summary = {"protocol": protocol, "stage0": stage0, "stage1": stage1, "stage2": table, "zero_shot": zero_shot}
+    finetuned = [out for out in runs if out["spec"]["iters"] > 0]
+    summary = {"protocol": protocol, "stage0": stage0, "stage1": stage1, "stage2": table, "zero_shot": zero_shot,
+               # runs made since do_train seeds the global RNGs repeat bit for bit; the others are one draw each
+               "finetuned_rng_seeded": {"seeded": sum(bool(out.get("global_rng_seeded")) for out in finetuned),
+                                        "runs": len(finetuned)}}
     summary["pairs"] = compare_pairs(summary)
     return summary
 
@@ -106,6 +110,11 @@ def format_table(summary: dict) -> str:
             box, mask = list(cell["box"].values()), list(cell["mask"].values())
             vals.append(f"{sum(box) / len(box):.1f} / {sum(mask) / len(mask):.1f} ({len(box)})")
         lines.append(f"| {ROWS[row].label} | " + " | ".join(vals) + " |")
+    seeded = summary.get("finetuned_rng_seeded")
+    if seeded and seeded["runs"]:
+        lines.append(f"\n{seeded['seeded']} of {seeded['runs']} finetuned runs were made with the global RNGs seeded "
+                     "from the run's seed (they repeat bit for bit); the others drew their proposal sampling from an "
+                     "unseeded stream (one random draw each).")
     return "\n".join(lines)
 
 
