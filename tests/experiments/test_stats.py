@@ -76,9 +76,14 @@ def test_report_pairs_are_paired_by_seed_and_say_the_multiplicity(tmp_path):
     assert "| (a) abs, naive interpolation | 42.0 / 21.0 (5) |" in format_table(summary)
     assert summary["finetuned_rng_seeded"] == {"seeded": 0, "runs": 15}
     assert "0 of 15 finetuned runs were made with the global RNGs seeded" in format_table(summary)
+    assert "the other 15 drew their proposal sampling from an unseeded stream" in format_table(summary)
     for out in runs[:4]:
         out["global_rng_seeded"] = True
     assert summarize({}, None, {}, runs)["finetuned_rng_seeded"] == {"seeded": 4, "runs": 15}
+    for out in runs:
+        out["global_rng_seeded"] = True
+    text = format_table(summarize({}, None, {}, runs))
+    assert "15 of 15 finetuned runs were made with the global RNGs seeded" in text and "other" not in text
     assert "| (b) abs -> abs-win on import | 36.0 / 18.0 | 27.0 / 13.5 |" in format_zero_shot(summary)
     png = tmp_path / "curve.png"
     plot_curve(summary, str(png), "canvas")
