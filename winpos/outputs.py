@@ -7,11 +7,12 @@ The API in short (every writer in ``winpos`` and ``tools`` follows it; ``tests/t
    ``winpos.d2.run_dir.claim_run_dir`` for a training ``output_dir`` (refused when it holds another run; locked).
    An existing output is replaced only with ``force`` (``--force`` on the command line).
 2. Write through this module: ``atomic_write(path, lambda f: torch.save(sd, f))``, ``atomic_write_text``,
-   ``atomic_write_json`` or ``atomic_savefig`` (a matplotlib figure). Any ``open(..., "w")``, ``torch.save``, ``json.dump``, ``savefig``, ``Image.save``,
-   ``write_text`` / ``write_bytes`` or ``shutil.copy`` outside an ``atomic_write(...)`` call (or outside a function
-   passed to one) bypasses the policy, and the writer walk fails naming its file:line. A write that is correct
-   without it (a staging folder renamed into place as a whole, an append-only log, a ``/proc`` control file)
-   carries the comment ``# output-policy: <why>`` on its line, which the walk accepts and nothing else does.
+   ``atomic_write_json`` or ``atomic_savefig`` (a matplotlib figure). Any ``open(..., "w")``, ``torch.save``,
+   ``json.dump``, ``savefig``, ``Image.save``, ``write_text`` / ``write_bytes`` or ``shutil.copy`` outside an
+   ``atomic_write(...)`` call (or outside a function passed to one) bypasses the policy, and the writer walk fails
+   naming its file:line. A write that is correct without it (a staging folder renamed into place as a whole, an
+   append-only log, a ``/proc`` control file) carries the comment ``# output-policy: <why>`` on its line, which
+   the walk accepts and nothing else does.
 
 ``atomic_write`` is the one writer. The data goes to a temporary file in the destination's folder, is flushed to
 disk (``fsync``) and renamed over the destination, so a reader sees the old file or the new one, never a part.

@@ -55,7 +55,7 @@ def test_without_the_seeding_the_global_streams_change_the_weights(tmp_path, mon
 
 
 @pytest.mark.parametrize("seed,message", [(-1, "is negative"), (1.5, "is not an integer"), (True, "is not an integer")])
-def test_a_bad_seed_is_refused_by_do_train_before_any_work(tmp_path, seed, message):
+def test_a_bad_seed_is_refused_by_seed_process(tmp_path, seed, message):
     cfg = _cfg(tmp_path / "run")
     cfg.train.seed = seed
     with pytest.raises(WinposError, match=message):

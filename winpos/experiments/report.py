@@ -113,10 +113,11 @@ def format_table(summary: dict) -> str:
     seeded = summary.get("finetuned_rng_seeded")
     if seeded and seeded["runs"]:
         others = seeded["runs"] - seeded["seeded"]
-        lines.append(f"\n{seeded['seeded']} of {seeded['runs']} finetuned runs were made with the global RNGs seeded "
-                     "from the run's seed (they repeat bit for bit)" + ("." if not others else
-                     f"; the other {others} drew their proposal sampling from an unseeded stream (one random draw "
-                     "each)."))
+        line = (f"\n{seeded['seeded']} of {seeded['runs']} finetuned runs were made with the global RNGs seeded from "
+                "the run's seed (they repeat bit for bit)")
+        if others:
+            line += f"; the other {others} drew their proposal sampling from an unseeded stream (one random draw each)"
+        lines.append(line + ".")
     return "\n".join(lines)
 
 
