@@ -88,3 +88,13 @@ def test_report_pairs_are_paired_by_seed_and_say_the_multiplicity(tmp_path):
     png = tmp_path / "curve.png"
     plot_curve(summary, str(png), "canvas")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_curve_label_gives_a_row_its_own_stage1_ap_unless_the_reference_line_shows_it():
+    from winpos.experiments.report import _curve_label
+
+    stage1 = {"abs_learned": {"box_AP_64px": 36.79}, "rope": {"box_AP_64px": 29.2}, "lookhere": {}}
+    assert _curve_label("naive", stage1, "abs_learned") == "(a) abs, naive interpolation"
+    assert _curve_label("rope", stage1, "abs_learned") == "(e) RoPE (64 px: 29.2)"
+    assert _curve_label("lookhere", stage1, "abs_learned") == "(f) LookHere"  # no 64 px AP recorded: none invented
+    assert _curve_label("naive", stage1, None) == "(a) abs, naive interpolation (64 px: 36.8)"

@@ -153,9 +153,20 @@ _STYLE = {"naive": ("C3", "o", "-"), "abs2win": ("C2", "s", "-"), "control": ("C
           "relpos": ("C6", "X", "-"), "planted": ("C7", "o", "-."), "planted2win": ("C8", "s", "-.")}
 
 
+def _curve_label(row: str, stage1: dict, reference: str | None) -> str:
+    """A row's legend label; a row trained from its own stage-1 detector (not the one the reference line shows) gets
+    that detector's 64 px box AP, so a reader compares each row with its own start."""
+    enc = ROWS[row].pretrained
+    ap = (stage1.get(enc) or {}).get("box_AP_64px")
+    if ap is None or enc == reference:
+        return ROWS[row].label
+    return f"{ROWS[row].label} (64 px: {ap:.1f})"
+
+
 def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
     """The paper's resolution curve: box AP against the grid multiplier per row, zero-shot (left) and finetuned
-    (right: mean over seeds, each seed a dot), with the stage-1 detectors' AP at 64 px as a reference line. Rows
+    (right: mean over seeds, each seed a dot). One stage-1 detector's AP at 64 px (abs_learned when present) is a
+    reference line; a row trained from another detector carries that detector's 64 px AP in its legend label. Rows
     that coincide (the control equals naive before finetuning) are drawn dashed over each other."""
     import matplotlib
 
@@ -187,8 +198,9 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
                 ys = [sum(cells[k]["box"].values()) / len(cells[k]["box"]) for k in ks]
                 for x, k in zip(xs, ks):
                     ax.plot([x] * len(cells[k]["box"]), list(cells[k]["box"].values()), ".", color=color, ms=3)
-            (line,) = ax.plot(xs, ys, style, marker=marker, color=color, ms=5, mfc="none", label=ROWS[row].label)
-            handles.setdefault(ROWS[row].label, line)
+            label = _curve_label(row, stage1, ref[0][0] if ref else None)
+            (line,) = ax.plot(xs, ys, style, marker=marker, color=color, ms=5, mfc="none", label=label)
+            handles.setdefault(label, line)
             drawn += xs
         if ref and drawn:
             enc, value = ref[0]
