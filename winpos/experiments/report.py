@@ -180,6 +180,7 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
     stage1 = summary.get("stage1") or {}
     ref = [(e, v["box_AP_64px"]) for e, v in sorted(stage1.items(), key=lambda kv: kv[0] != "abs_learned")
            if v and v.get("box_AP_64px")]
+    reference = ref[0][0] if ref else None  # the detector the dotted line shows
     for ax, (key, title) in zip(axes, (("zero_shot", "zero-shot (the 64 px weights, no finetuning)"),
                                        ("stage2", "finetuned (mean over seeds; dots: seeds)"))):
         data, drawn = summary[key], []
@@ -198,7 +199,7 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
                 ys = [sum(cells[k]["box"].values()) / len(cells[k]["box"]) for k in ks]
                 for x, k in zip(xs, ks):
                     ax.plot([x] * len(cells[k]["box"]), list(cells[k]["box"].values()), ".", color=color, ms=3)
-            label = _curve_label(row, stage1, ref[0][0] if ref else None)
+            label = _curve_label(row, stage1, reference)
             (line,) = ax.plot(xs, ys, style, marker=marker, color=color, ms=5, mfc="none", label=label)
             handles.setdefault(label, line)
             drawn += xs
