@@ -1,27 +1,57 @@
 """winpos: position encodings that work with window attention (a detectron2 plugin for HieraDet and ViTDet).
 
 Install with the extras you need: ``pip install .`` gives the backbones, kernels, checkpoint converters and
-diagnostics (no detectron2); ``.[d2]`` adds what detectron2 needs besides itself (detectron2 is not on PyPI:
-install it from its repository, or run tools/setup_env.sh, which installs its pure-Python part); ``.[bench]`` the
-peer implementations the benchmarks time; ``.[test]`` everything the test suite uses (its parity oracles).
+diagnostics (no detectron2); ``.[d2]`` adds what training, evaluation and prediction need besides detectron2 itself
+(torchvision, shapely, OpenCV, detectron2's pure-Python dependencies; detectron2 is not on PyPI: install it from its
+repository, or run tools/setup_env.sh, which installs its pure-Python part); ``.[bench]`` the peer implementations
+the benchmarks time; ``.[test]`` everything the test suite uses (its parity oracles).
+
+The repository's ``configs/`` is installed as ``winpos.configs`` and the demo's checkpoint (``tools/checkpoints/``)
+as ``winpos.demo_checkpoint`` (one source each: ``winpos.model_zoo`` finds them in a checkout or installed), and
+every command is a console script (``winpos.cli``).
 """
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
+ROOT = Path(__file__).resolve().parent
 INSTALL = ["torch>=2.1", "numpy", "safetensors", "matplotlib", "tqdm", "pycocotools", "Pillow", "pyyaml"]
-D2_EXTRAS = [  # detectron2's own dependencies (detectron2 itself is installed separately)
+D2_EXTRAS = [  # what winpos.d2 needs at run time besides detectron2 itself
+    "torchvision",  # detectron2.layers imports it
+    "shapely",  # fvcore's polygon crop in the LSJ augmentation
+    "opencv-python-headless",  # image and video decoding, detectron2's Visualizer
     "fvcore", "iopath", "omegaconf>=2.1,<2.4", "hydra-core>=1.1", "yacs", "termcolor", "tabulate", "cloudpickle",
     "tensorboard", "setuptools<81",  # detectron2.model_zoo imports pkg_resources
 ]
 PEERS = ["timm==1.0.31", "sam2==1.1.0", "hiera-transformer==0.1.4", "segment-anything==1.0"]
-BENCH_EXTRAS = PEERS
+BENCH_EXTRAS = PEERS + ["opencv-python-headless"]
 TEST_EXTRAS = ["pytest>=7", "hypothesis>=6"] + PEERS + D2_EXTRAS
+
+# configs/ installed as winpos.configs: each folder of it is a (data-only) package of the wheel
+CONFIG_PACKAGES = ["winpos.configs"] + sorted(
+    "winpos.configs." + ".".join(p.relative_to(ROOT / "configs").parts)
+    for p in (ROOT / "configs").rglob("*") if p.is_dir() and p.name != "__pycache__")
+COMMANDS = {  # winpos.cli's modules; winpos.cli.COMMANDS says the same (a test keeps them equal)
+    "winpos-train": "train_net", "winpos-eval": "eval_coco", "winpos-predict": "predict",
+    "winpos-posemb": "posemb_viz", "winpos-convert": "convert_checkpoint", "winpos-demo": "run_demo",
+    "winpos-reproduce": "reproduce",
+}
 
 setup(
     name="winpos",
     version="0.1.0",
     description="Position encodings that work with window attention: a detectron2 plugin for HieraDet and ViTDet",
-    packages=find_packages(include=["winpos", "winpos.*"]) + ["winpos.kernels"],
-    package_dir={"winpos.kernels": "kernels"},
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    license_files=["LICENSE"],
+    packages=find_packages(include=["winpos", "winpos.*"]) + ["winpos.kernels", "winpos.demo_checkpoint"]
+    + CONFIG_PACKAGES,
+    package_dir={"winpos.kernels": "kernels", "winpos.configs": "configs",
+                 "winpos.demo_checkpoint": "tools/checkpoints"},
+    package_data={"winpos.demo_checkpoint": ["*.pth", "*.json"]},
+    entry_points={"console_scripts": [f"{cmd} = winpos.cli.{module}:main" for cmd, module in COMMANDS.items()]
+                  + ["winpos-bench-decode = winpos.bench.decode:main"]},
     python_requires=">=3.10",
     install_requires=INSTALL,
     extras_require={"d2": D2_EXTRAS, "bench": BENCH_EXTRAS, "test": TEST_EXTRAS},

@@ -1,12 +1,13 @@
 """The layer diagram is true: every import inside winpos points down the stack, and detectron2 is imported only
-under ``winpos/d2`` (the layers above, such as ``winpos/experiments``, reach it through ``winpos.d2``).
+under ``winpos/d2`` (the layers above, such as ``winpos/experiments``, reach it through ``winpos.d2``) and by the
+commands of ``winpos/cli`` (which set up detectron2's loggers).
 
 Every ``import`` / ``from ... import`` statement of every module is checked, including the lazy ones inside
 functions (a lazy import is still a dependency). ``kernels/`` is installed as ``winpos.kernels``. The stack,
 bottom up (a module may import its own layer and the layers below):
 
     helpers (winpos, errors, windows, outputs, cache) < data < posemb < kernels < attention < backbones < checkpoints
-    < diagnostics < d2 < experiments < bench
+    < diagnostics < d2 (with model_zoo) < experiments < bench < cli
 """
 from __future__ import annotations
 
@@ -26,11 +27,12 @@ LAYERS = (
     ("backbones", ("winpos.backbones",)),
     ("checkpoints", ("winpos.checkpoints",)),
     ("diagnostics", ("winpos.diagnostics",)),
-    ("d2", ("winpos.d2",)),
+    ("d2", ("winpos.d2", "winpos.model_zoo")),
     ("experiments", ("winpos.experiments",)),
     ("bench", ("winpos.bench",)),
+    ("cli", ("winpos.cli", "winpos.__main__")),  # the commands: may use every layer, none imports them
 )
-D2_ONLY = ("detectron2",)  # third-party packages only the d2 layer may import
+D2_ONLY = ("detectron2",)  # third-party packages only the d2 layer (and the commands above all) may import
 
 
 def layer_of(module: str) -> int:
@@ -74,7 +76,7 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
             if target > own:
                 found.append(f"{module}:{line} imports {name}: layer {LAYERS[own][0]} may not import the layer "
                              f"above it, {LAYERS[target][0]}")
-        elif top in D2_ONLY and LAYERS[own][0] != "d2":
+        elif top in D2_ONLY and LAYERS[own][0] not in ("d2", "cli"):
             found.append(f"{module}:{line} imports {name}: only winpos/d2 may import {top}")
     return found
 
@@ -113,6 +115,8 @@ def test_every_module_is_in_a_layer():
     ("winpos.data.coco", "from detectron2.data import DatasetCatalog\n", "only winpos/d2 may import detectron2"),
     ("winpos.bench.peers", "import detectron2.modeling\n", "only winpos/d2 may import detectron2"),
     ("winpos.experiments.child", "from detectron2.engine import HookBase\n", "only winpos/d2 may import detectron2"),
+    ("winpos.d2.engine", "from winpos.cli.train_net import build_parser\n", "d2 may not import the layer above it, cli"),
+    ("winpos.bench.decode", "from winpos.cli import COMMANDS\n", "bench may not import the layer above it, cli"),
 ])
 def test_an_upward_import_is_caught(module, source, message):
     found = violations(module, source)

@@ -137,11 +137,11 @@ PENDING_TOOLS = set()
 
 def test_every_tool_that_writes_an_output_takes_force():
     missing = []
-    for path in sorted((ROOT / "tools").glob("*.py")):
+    for path in sorted((ROOT / "tools").glob("*.py")) + sorted((ROOT / "winpos" / "cli").glob("*.py")):
         source = path.read_text()
         writes = bool(_OUTPUT_FLAGS.search(source))
         assert writes or not re.search(r"atomic_write|check_output_(file|dir)", source), \
-            f"tools/{path.name} writes files but has no output flag"
+            f"{path.relative_to(ROOT)} writes files but has no output flag"
         if writes and not re.search(r"add_argument\(\s*\"--force\"", source):
             missing.append(path.name)
     assert set(missing) == PENDING_TOOLS, f"tools writing outputs without --force: {sorted(missing)} " \

@@ -1,68 +1,8 @@
 #!/usr/bin/env python
-"""The main job on the embedded default (CPU, 2 cores, aim: under 10 minutes): the short form of tools/reproduce.py.
-
-Starts from the stage-1 checkpoint shipped in tools/checkpoints/ (a small HieraDet Mask R-CNN trained at 64 px from
-a backbone whose absolute embedding learned a window pattern from a random start; command, seeds, SHA-256 and the
-stage-0 history in the manifest next to it). At --multiplier times its token grid it evaluates the embedding
-naively interpolated and converted exactly to abs-win, without finetuning and after finetuning with paired seeds
-(95% t-interval of the difference), then runs the doctor on the same model and plots the result.
-
-    python tools/run_demo.py [--output output/demo] [--multiplier 1.25] [--condition canvas] [--iters 200]
-        [--seeds 0,1,2] [--workers 2] [--force]
-
-A re-run with the same settings reuses finished runs; other settings in the same folder are refused.
-"""
+"""``winpos-demo`` in a checkout: the code and its --help are winpos.cli.run_demo."""
 import sys
-from pathlib import Path
 
-from winpos.errors import ArgumentParser, finite_float, positive_int, run_cli, seed_list
-
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "shapes" / "reproduce_hieradet.py"
-CHECKPOINT = ROOT / "tools" / "checkpoints" / "stage1_hieradet_abs_learned_64px.pth"
-MANIFEST = CHECKPOINT.with_suffix(".json")
-
-
-def main(argv=None):
-    import argparse
-
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", default="output/demo")
-    p.add_argument("--multiplier", type=finite_float, default=1.25,
-                   help="token-grid multiplier (default 1.25: the largest zero-shot gap of the shipped detector "
-                        "over 1.25-4x, both conditions, one evaluation each)")
-    p.add_argument("--condition", choices=("upscaled", "canvas"), default="canvas",
-                   help="a larger canvas of same-size objects (default) or upscaled 64 px images")
-    p.add_argument("--iters", type=positive_int, default=200, help="finetuning iterations per run (batch 8)")
-    p.add_argument("--lr", type=finite_float, default=2e-4, help="finetuning learning rate (AdamW)")
-    p.add_argument("--seeds", type=seed_list, default=[0, 1, 2], help="comma list of paired finetuning seeds")
-    p.add_argument("--workers", type=positive_int, default=2, help="runs at a time (one torch thread each)")
-    p.add_argument("--checkpoint", default=str(CHECKPOINT), help="stage-1 checkpoint (default: the shipped one)")
-    p.add_argument("--manifest", default=None, help="its manifest with the SHA-256 (default: next to it)")
-    p.add_argument("--force", action="store_true",
-                   help="start over in --output: remove the demo folder there first (only a folder a demo or "
-                        "reproduction made, one holding protocol.json); without it, runs made with other settings "
-                        "are refused and identical ones reused")
-    args = p.parse_args(argv)
-    from winpos.experiments.demo import print_summary, run_demo
-
-    if args.force and Path(args.output).exists():
-        import shutil
-
-        from winpos.errors import WinposError
-
-        if not (Path(args.output) / "protocol.json").is_file():
-            raise WinposError(f"--force removes only a folder made by the demo or tools/reproduce.py (one with "
-                              f"protocol.json); {args.output} is not one: pass another --output")
-        shutil.rmtree(args.output)
-
-    manifest = args.manifest or str(Path(args.checkpoint).with_suffix(".json"))
-    summary = run_demo(str(CONFIG), args.checkpoint, manifest, args.output, args.multiplier, args.condition,
-                       args.iters, tuple(args.seeds), args.workers, args.lr,
-                       log=lambda m: print(f"[demo] {m}", flush=True))
-    print_summary(summary, args.output)
-    return 0
-
+from winpos.cli.run_demo import main  # noqa: F401
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main))
+    sys.exit(main())

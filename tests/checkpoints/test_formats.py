@@ -89,7 +89,7 @@ def test_both_command_lines_take_the_same_names():
     spec.loader.exec_module(mod)
     action = next(a for a in mod.build_parser()._actions if "--format" in a.option_strings)
     assert tuple(action.choices) == ("auto",) + FORMATS
-    text = (root / "tools" / "posemb_viz.py").read_text()
+    text = (root / "winpos" / "cli" / "posemb_viz.py").read_text()
     assert '"--format", "--family", dest="format"' in text
 
 

@@ -251,10 +251,10 @@ def test_verdict_sentences():
     s = verdict(1024, (64, 64), 14, 0.98, 0.04, 0.97)
     assert "1024x1024 px (64x64 tokens, 14x14-token windows)" in s
     assert "naive keeps 4% of WS 0.98 (-> 0.04)" in s and "no longer see the same embedding" in s
-    assert "under the 50% threshold" in s and "tools/convert_checkpoint.py" in s and "0.97" in s
+    assert "under the 50% threshold" in s and "winpos-convert --input" in s and "0.97" in s
     s = verdict(1024, (64, 64), 14, None, 0.00, 1.00)  # MAE: a single window at 224 px
     assert "different piece of the pretrained embedding" in s and "of WS 1.00 (-> 0.00)" in s
-    assert "convert_checkpoint" in s
+    assert "winpos-convert" in s
     s = verdict(2048, (512, 512), 8, 0.57, 0.12, 0.57, is_abswin_family=True)
     assert "abs-win: resizing keeps the windows aligned, nothing to fix (WS 0.57" in s
     assert "no window pattern (reference WS 0.01 < 0.1): the bug cannot matter" in verdict(448, (112, 112), 8, 0.01,

@@ -104,7 +104,7 @@ def test_broken_names_its_threshold_and_a_pasteable_fix(tmp_path):
     info, text = verdict_of(path, 448)
     assert info.native_from == "the stored 56x56 grid x patch size 4 px" and info.presets == ["hieradet_toy"]
     assert "broken:" in text and f"under the {BROKEN_FRACTION:.0%} threshold" in text
-    command = shlex.split(re.search(r"fix: python (tools/convert_checkpoint\.py .*)$", text).group(1))
+    command = shlex.split(re.search(r"fix: (winpos-convert .*)$", text).group(1))
     assert command[command.index("--to") + 1] == "hieradet_toy"
     out = tmp_path / "converted.safetensors"
     command[command.index("--output") + 1] = str(out)

@@ -150,11 +150,17 @@ def _check_value_type(cfg, key: str, new) -> None:
 
 
 def load_config(path, overrides=()) -> DictConfig:
-    """``LazyConfig.load(path)`` (``.py`` or a saved ``config.yaml``) plus strict ``overrides``."""
+    """``LazyConfig.load(path)`` (``.py`` or a saved ``config.yaml``) plus strict ``overrides``. ``path`` is a file,
+    or the name of a config shipped with winpos (``COCO/mask_rcnn_vitdet_b_100ep.py``, ``configs/...`` accepted:
+    ``winpos.model_zoo.config_path``)."""
+    from winpos.model_zoo import config_path
+
     path = os.fspath(path)
+    if not os.path.isfile(path) and path.endswith(".py"):
+        path = config_path(path)  # an unknown name: one line naming the closest config names
     if not os.path.isfile(path):
-        raise WinposError(f"config file {path!r} does not exist; pass a file under configs/ (e.g. "
-                          "configs/shapes/mask_rcnn_hieradet_toy_abswin.py) or an output_dir/config.yaml")
+        raise WinposError(f"config file {path!r} does not exist; pass a config name such as "
+                          "shapes/mask_rcnn_hieradet_toy_abswin.py, a LazyConfig .py file or an output_dir/config.yaml")
     if not path.endswith((".py", ".yaml", ".yml")):
         raise WinposError(f"config file {path!r} is neither a LazyConfig .py file nor a config.yaml; pass e.g. "
                           "configs/shapes/mask_rcnn_hieradet_toy_abswin.py")

@@ -127,7 +127,7 @@ def ensure_registered(names, shapes: dict | None = None) -> list[str]:
     if missing:
         raise WinposError(
             f"dataset(s) {missing} are not registered; register them before training with "
-            "winpos.d2.data.register_coco(name, json_file, image_root) (or tools/train_net.py --dataset "
+            "winpos.d2.data.register_coco(name, json_file, image_root) (or winpos-train --dataset "
             "NAME=JSON:IMAGE_ROOT), or use the embedded 'shapes_train' / 'shapes_val' (one-class: 'shapes1_*')")
     return names
 

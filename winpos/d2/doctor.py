@@ -20,11 +20,16 @@ def diagnose(target: str, image_size: int | None = None, recipe: str | None = No
     check_image_size(image_size)
     if not target.endswith(".py"):
         return diagnose_preset(target, image_size, recipe or "original", overrides)
+    given = target  # the fix names the config as the user wrote it
     if not os.path.isfile(target):
-        raise MissingInputError(f"config {target} does not exist; pass a LazyConfig file such as "
-                                "configs/COCO/mask_rcnn_vitdet_b_100ep.py, or a preset name")
+        from winpos.model_zoo import config_path
+
+        try:
+            target = config_path(target)  # a config shipped with winpos, by name
+        except MissingInputError as e:
+            raise MissingInputError(f"{e}; or pass a preset name such as vitdet_b") from None
     net, default_size, name, preset, key = _build_from_config(target, overrides, recipe)
-    return diagnose_backbone(net, image_size or default_size, name, fix=fix_text(preset, target, key))
+    return diagnose_backbone(net, image_size or default_size, name, fix=fix_text(preset, given, key))
 
 
 def diagnose_many(targets, image_size: int | None = None, recipe: str | None = None, overrides=()):

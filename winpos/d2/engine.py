@@ -418,3 +418,9 @@ def launch_main(args, main_func=main):
         raise WinposError(f"--num-gpus={args.num_gpus} but only {torch.cuda.device_count()} GPUs are visible")
     return launch(main_func, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
                   dist_url=args.dist_url, args=(args,))
+
+
+if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
+    print("error: winpos.d2.engine is a library module, not a command; run winpos-train (--help says how)",
+          file=__import__("sys").stderr)
+    raise SystemExit(2)

@@ -291,3 +291,9 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
         atomic_write(os.path.join(output_dir, "results.json"), lambda f: json.dump(_json_safe(results), f, indent=2),
                      "w")
     return results
+
+
+if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
+    print("error: winpos.d2.evaluate is a library module, not a command; run winpos-eval (--help says how)",
+          file=__import__("sys").stderr)
+    raise SystemExit(2)

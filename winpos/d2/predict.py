@@ -184,3 +184,9 @@ def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, fo
     logger.info(f"wrote {len(records) - skipped} drawings to {output_dir}" + (f"; skipped {skipped} unreadable "
                                                                                 f"images" if skipped else ""))
     return records
+
+
+if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
+    print("error: winpos.d2.predict is a library module, not a command; run winpos-predict (--help says how)",
+          file=__import__("sys").stderr)
+    raise SystemExit(2)

@@ -2,7 +2,7 @@
 
 ``effective_embeddings`` finds the embedding in a checkpoint, ``analyze`` measures it at several image sizes
 (native, naively interpolated, abs-win), ``winpos.diagnostics.plots`` draws it, and ``run_posemb_viz`` does all
-three for the ``tools/posemb_viz.py`` command line. Plotting (matplotlib) is imported only when used.
+three for the ``winpos-posemb`` command (winpos.cli.posemb_viz). Plotting (matplotlib) is imported only when used.
 """
 
 from winpos.diagnostics.extract import FORMATS, EmbeddingInfo, effective_embeddings

@@ -55,12 +55,12 @@ def fix_text(preset: str | None = None, config: str | None = None, recipe_key: s
     ``--recipe`` for a preset) that selects the abs-win recipe, and the converter command with the preset filled in
     (CKPT / OUT are the user's files)."""
     to = preset or "PRESET"
-    convert = f"python tools/convert_checkpoint.py --input CKPT --output OUT.safetensors --to {to} --recipe paper"
+    convert = f"winpos-convert --input CKPT --output OUT.safetensors --to {to} --recipe paper"
     if config and recipe_key:
-        use = (f"add the override {recipe_key}=paper (abs-win), e.g. python tools/train_net.py --config-file {config} "
+        use = (f"add the override {recipe_key}=paper (abs-win), e.g. winpos-train --config-file {config} "
                f"{recipe_key}=paper")
     elif preset:
-        use = f"build it with recipe paper (abs-win): python tools/posemb_viz.py doctor {preset} --recipe paper"
+        use = f"build it with recipe paper (abs-win): winpos-posemb doctor {preset} --recipe paper"
     else:
         use = "build it with recipe='paper' (abs-win)"
     return f"{use}\n       and convert its checkpoint on import: {convert}"
@@ -166,3 +166,9 @@ def check_image_size(image_size) -> None:
                                    image_size <= 0):
         raise WinposError(f"--image-size {image_size!r} must be a positive number of pixels, e.g. 1024 (leave it out "
                           "for the model's own size)")
+
+
+if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
+    print("error: winpos.diagnostics.doctor is a library module, not a command; run winpos-posemb doctor (--help "
+          "says how)", file=__import__("sys").stderr)
+    raise SystemExit(2)

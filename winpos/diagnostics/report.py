@@ -1,5 +1,5 @@
 """Numbers and verdicts for one position embedding at several image sizes, and the driver behind the
-``tools/posemb_viz.py`` command line.
+``winpos-posemb`` command (winpos.cli.posemb_viz).
 
 ``analyze(info, target_sizes)`` measures the embedding at its native size, naively interpolated to each target
 (today's behaviour), and built as abs-win at each target (the fix, or the converted checkpoint). The verdicts use
@@ -40,7 +40,7 @@ def convert_command(info: EmbeddingInfo | None = None) -> str:
     presets = list(getattr(info, "presets", []) or [])
     to = presets[0] if presets else "PRESET"
     out = f"{Path(src).stem}_abswin.safetensors" if src != "CKPT" else "OUT.safetensors"
-    cmd = f"python tools/convert_checkpoint.py --input {src} --output {out} --to {to} --pos-embed abswin"
+    cmd = f"winpos-convert --input {src} --output {out} --to {to} --pos-embed abswin"
     if len(presets) > 1:
         cmd += f" (or --to {' / '.join(presets[1:])}, whichever has your model's depth)"
     elif not presets:

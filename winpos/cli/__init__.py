@@ -1,0 +1,21 @@
+"""The commands an installed winpos has (console scripts; each module also runs as ``python -m winpos.cli.<name>``
+and as ``tools/<name>.py`` in a checkout). Each module's ``main(argv=None)`` returns the exit status: bad input is
+one ``error:`` line and status 2; ``--help`` and argument errors import neither torch nor detectron2.
+
+    winpos-train      train_net            train or evaluate a LazyConfig (detectron2's flags)
+    winpos-eval       eval_coco            COCO box / mask AP, resolution sweeps, speed
+    winpos-predict    predict              drawings and predictions.json for images, a video file or a camera
+    winpos-posemb     posemb_viz           doctor (configs, presets) and plot (checkpoints)
+    winpos-convert    convert_checkpoint   an outside checkpoint into a winpos backbone
+    winpos-demo       run_demo             the main job on the embedded data, from the shipped detector
+    winpos-reproduce  reproduce            the paper's protocol at CPU scale
+"""
+COMMANDS = {
+    "winpos-train": "train_net",
+    "winpos-eval": "eval_coco",
+    "winpos-predict": "predict",
+    "winpos-posemb": "posemb_viz",
+    "winpos-convert": "convert_checkpoint",
+    "winpos-demo": "run_demo",
+    "winpos-reproduce": "reproduce",
+}

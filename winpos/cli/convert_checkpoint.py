@@ -1,0 +1,98 @@
+"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, winpos) into a winpos
+backbone, or a winpos checkpoint into another pos_embed choice.
+
+    winpos-convert --input sam2.1_hiera_base_plus.pt --output hieradet_bplus.safetensors \
+        --to hieradet_bplus [--recipe paper] [--pos-embed abswin] [--pos-global-size 56] [--format auto] [--force]
+
+The output holds the backbone's state dict (safetensors, or a .pth/.pt saved for weights_only loading; the suffix
+chooses) and loads with ``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. The
+load report is printed, then the line that builds the model it loads into. A HieraDet whose global embedding grid
+differs from the checkpoint's is converted lossily (the report says so); --pos-global-size N builds the target with
+an NxN grid (pos_global_size=N) and keeps it exact. The output is checked before the conversion starts: it may not
+be the input, an existing file is replaced only with --force, and it is written atomically (an interrupted or failed
+write leaves the previous file as it was and no temporary file). Exit status 2 for bad input, 1 when writing fails.
+"""
+import sys
+from pathlib import Path
+
+from winpos.errors import ArgumentParser, WinposError, positive_int, run_cli
+
+SUFFIXES = (".safetensors", ".pth", ".pt")
+POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
+# winpos.checkpoints.formats.FORMATS, written out so that --help imports no torch (a test keeps them equal)
+FORMATS = ("sam2", "hiera", "timm_hiera", "timm_abswin", "sam", "mae", "detectron2", "winpos", "lookhere")
+
+
+def build_parser():
+    import argparse
+
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", required=True, help="checkpoint file (.pth/.pt/.pkl/.safetensors)")
+    parser.add_argument("--output", required=True, help=f"output file ({', '.join(SUFFIXES)})")
+    parser.add_argument("--to", required=True, help="winpos preset, e.g. vitdet_b or hieradet_bplus")
+    parser.add_argument("--recipe", default="original", help="original | paper | rope | lookhere")
+    parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
+                        help="source format (default: detect from the keys; the names of winpos-posemb plot --format)")
+    parser.add_argument("--pos-embed", default=None, choices=POS_EMBEDS,
+                        help="override the target's token embedding (e.g. abswin)")
+    parser.add_argument("--img-size", type=positive_int, default=None,
+                        help="target image size in px (sizes global relpos tables)")
+    parser.add_argument("--pos-global-size", type=positive_int, default=None, metavar="N",
+                        help="HieraDet: an NxN abs-win global embedding grid (pos_global_size=N); the checkpoint's own "
+                             "size keeps the conversion exact")
+    parser.add_argument("--force", action="store_true", help="replace an existing --output")
+    return parser
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    from winpos.outputs import check_output_file
+
+    out = check_output_file(args.output, inputs=[args.input], force=args.force, suffixes=SUFFIXES)
+    if not Path(args.input).exists():
+        raise WinposError(f"--input {args.input} does not exist; check the path")
+
+    import torch
+
+    from winpos.checkpoints import load_external
+    from winpos.outputs import atomic_write
+
+    overrides = {}
+    if args.pos_embed:
+        overrides["pos_embed"] = args.pos_embed
+    if args.img_size:
+        overrides["img_size"] = args.img_size
+    if args.pos_global_size:
+        if not args.to.startswith("hieradet"):
+            raise WinposError(f"--pos-global-size is a HieraDet option, but --to {args.to} is not a HieraDet preset; "
+                              "drop it (ViTDet's abs-win global grid follows the checkpoint)")
+        overrides["pos_global_size"] = args.pos_global_size
+    sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe, **overrides)
+    print(report.summary())
+    sd = {k: v.contiguous() for k, v in sd.items()}
+    meta = {"winpos_preset": args.to, "winpos_recipe": args.recipe}
+    if args.pos_embed:
+        meta["winpos_pos_embed"] = args.pos_embed
+    if args.pos_global_size:
+        meta["winpos_pos_global_size"] = str(args.pos_global_size)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix.lower() == ".safetensors":
+        from safetensors.torch import save
+
+        data = save(sd, metadata=meta)
+        atomic_write(out, lambda f: f.write(data), "wb")
+    else:
+        atomic_write(out, lambda f: torch.save({"model": sd, **meta}, f), "wb")
+    print(f"wrote {out} ({len(sd)} tensors)")
+    args_text = "".join(f", {k}={v!r}" for k, v in overrides.items())
+    print(f"load it with: create({args.to!r}, recipe={args.recipe!r}{args_text}).load_state_dict(sd, strict=False)")
+    return 0
+
+
+def main(argv=None) -> int:
+    """The command: ``run`` with bad input turned into one ``error:`` line and exit status 2."""
+    return run_cli(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""Position-embedding diagnostics.
+
+    winpos-posemb plot CKPT [CKPT ...] [--sizes 448,1024] [--native-size 256] [--window 14]
+                                   [--format auto] [--out DIR] [--pdf] [--no-progress]
+        Loads each checkpoint safely (official Hiera, SAM2, SAM, timm, MAE, detectron2 ViTDet, winpos), extracts the
+        embedding added to the tokens, and writes PNGs (channels + PCA with the window grid, period scan,
+        window-by-window similarity) and report.json with every number and a verdict per size. Each verdict names
+        its threshold. The native size is printed with where it came from (the stored grid and patch size, the
+        run's config.yaml next to a winpos checkpoint, --native-size, or the format's training size). A checkpoint
+        that cannot be read is reported in one "error:" line and the others are still analysed (exit status 2).
+        An --out holding an earlier report.json or figures is refused unless --force (which removes them first).
+
+    winpos-posemb doctor CONFIG_OR_PRESET [CONFIG_OR_PRESET ...] [--image-size N] [--recipe R]
+                                     [key=value ...]
+        Says whether each model interpolates an absolute embedding under window attention at that size, which
+        blocks are affected, and the fix (an override or command to paste). Several configs or presets run in one
+        process. Exit status 1 when the bug is present in any. Overrides are strict, as in winpos-train.
+
+Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0): one
+"error:" line and exit status 2.
+"""
+import argparse
+import sys
+
+from winpos.errors import EXIT_USAGE, ArgumentParser, WinposError, int_list, positive_int, run_cli
+
+
+def build_parser():
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plot", help="measure and plot checkpoints")
+    p.add_argument("checkpoints", nargs="+")
+    p.add_argument("--sizes", type=int_list, default=None,
+                   help="target image sizes in px, comma separated (default: 1024 and twice the native size)")
+    p.add_argument("--native-size", type=positive_int, default=None,
+                   help="the image size in px the model was trained at, for abs-win checkpoints whose files do not "
+                        "say it (default: the run's config.yaml next to a winpos checkpoint, else the format's: "
+                        "SAM2 and winpos 1024)")
+    p.add_argument("--window", type=positive_int, default=None, help="override the format's window size (tokens)")
+    p.add_argument("--format", "--family", dest="format", default="auto",
+                   help="checkpoint format: auto (detected), or sam2, hiera, timm_hiera, timm_abswin, sam, mae, "
+                        "detectron2, winpos (the same names as winpos-convert --format)")
+    p.add_argument("--out", default="output/posemb_viz", help="output folder (default: ./output/posemb_viz)")
+    p.add_argument("--pdf", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--force", action="store_true",
+                   help="replace the report.json and figures of an earlier run in --out (its listed figures are removed)")
+    d = sub.add_parser("doctor", help="check configs or presets for the interpolation bug")
+    d.add_argument("targets", nargs="+", metavar="TARGET",
+                   help="LazyConfig .py files or backbone preset names, then key=value overrides (applied to each)")
+    d.add_argument("--image-size", type=positive_int, default=None, help="image size in px (default: the model's)")
+    d.add_argument("--recipe", default=None,
+                   help="position-encoding recipe (original, paper, rope, lookhere; default: the config's own, or "
+                        "original for a preset)")
+    return parser
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    if args.cmd == "plot":
+        return _plot(args)
+    targets = [t for t in args.targets if "=" not in t]
+    overrides = [t for t in args.targets if "=" in t]
+    if not targets:
+        raise WinposError("doctor: no config or preset given; pass e.g. configs/COCO/mask_rcnn_vitdet_b_100ep.py")
+    from winpos.d2.doctor import diagnose_many
+
+    bug = errors = 0
+    for _, report, error in diagnose_many(targets, args.image_size, args.recipe, overrides):
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+            errors += 1
+            continue
+        print(report.text(), flush=True)
+        bug += not report.ok
+    return EXIT_USAGE if errors else (1 if bug else 0)
+
+
+def _plot(args):
+    from winpos.diagnostics.plots import prepare_report_dir
+    from winpos.diagnostics.report import run_posemb_viz
+
+    prepare_report_dir(args.out, inputs=args.checkpoints, force=args.force)  # before any work
+    result = run_posemb_viz(args.checkpoints, args.out, args.sizes, window=args.window, format=args.format,
+                            pdf=args.pdf, progress=not args.no_progress, native_size=args.native_size)
+    errors = 0
+    for ckpt in result.get("checkpoints", []):
+        if "error" in ckpt:
+            print(f"error: {ckpt['error']}", file=sys.stderr)
+            errors += 1
+            continue
+        for emb in ckpt.get("embeddings", []):
+            native = "x".join(map(str, emb["native"]["image_px"]))
+            print(f"{ckpt['path']}: {emb['name']} ({emb['format']}), native {native} px ({emb['native_from']})")
+            for verdict in emb.get("verdicts", []):
+                print(f"  {verdict}")
+    print(f"wrote {'plots and ' if errors < len(result['checkpoints']) else ''}report.json to {args.out}")
+    return EXIT_USAGE if errors else 0
+
+
+def main(argv=None) -> int:
+    """The command: ``run`` with bad input turned into one ``error:`` line and exit status 2."""
+    return run_cli(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Run a config's model on images or folders and write drawings of its predictions plus predictions.json.
+
+    winpos-predict --config-file configs/shapes/mask_rcnn_hieradet_toy_abswin.py \
+        --checkpoint output/shapes/mask_rcnn_hieradet_toy_abswin/model_final.pth --input img.png folder/ \
+        --output preds/ [--score-thresh 0.5] [--dataset NAME=JSON:IMAGE_ROOT] [--no-progress] [--force] [key=value ...]
+
+Classes are drawn by name: those of the config's test dataset (a training run's output_dir/config.yaml names it;
+register your own with --dataset, as in winpos-train and winpos-eval). predictions.json holds per image the boxes
+(XYXY px), scores, class ids and names, and the masks as COCO run-length encodings.
+
+Weights are required (--checkpoint, or the config's train.init_checkpoint); --random-weights runs the untrained
+model on purpose. --output must be a folder of its own (not one holding the inputs); drawings already there are
+replaced only with --force. Each input gets its own drawing name (x.png, x-2.png for a second x). An unreadable
+image is skipped and listed with its error in predictions.json; the exit status is then 1. Exit status 2 for bad
+input. The logic is in winpos.d2.predict.
+"""
+import sys
+
+from winpos.errors import (EXIT_FAILED, ArgumentParser, WinposError, finite_float, late_flags,
+                           quiet_third_party_warnings, run_cli)
+
+
+def build_parser():
+    import argparse
+
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-file", required=True)
+    parser.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="run without weights (an untrained model: its drawings are noise)")
+    parser.add_argument("--input", nargs="+", required=True, help="image files or folders")
+    parser.add_argument("--output", required=True, help="folder for the drawings and predictions.json")
+    parser.add_argument("--score-thresh", type=finite_float, default=0.5)
+    parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
+                        help="register a COCO-format dataset first, for its class names (repeatable)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--force", action="store_true", help="replace drawings and predictions.json already there")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value (after every flag)")
+    return parser
+
+
+def run(argv=None):
+    args = build_parser().parse_args(argv)
+    from pathlib import Path
+
+    misplaced = [i for i in args.input if late_flags([i]) == [] and "=" in i and not Path(i).exists()
+                 and "." in i.split("=", 1)[0]]
+    if misplaced:
+        raise WinposError(f"--input took the override {misplaced[0]!r} as an image; put the key=value overrides "
+                          "after every flag, e.g. --input img.png --output preds/ train.device=cpu")
+    quiet_third_party_warnings()
+    from winpos.d2.config import load_config
+    from winpos.d2.engine import register_cli_datasets
+    from winpos.d2.own_data import check_num_classes
+
+    register_cli_datasets(args.dataset)
+    cfg = load_config(args.config_file, args.opts)
+    check_num_classes(cfg, ("test",))
+    checkpoint = args.checkpoint or cfg.train.init_checkpoint
+    if checkpoint and args.random_weights:
+        raise WinposError(f"--random-weights and weights ({checkpoint}) were both given; drop one of them")
+    if not checkpoint and not args.random_weights:
+        raise WinposError("no weights: pass --checkpoint (or set train.init_checkpoint=...), or --random-weights to "
+                          "run the untrained model on purpose")
+    from detectron2.utils.logger import setup_logger
+
+    from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
+    from winpos.d2.engine import build_model, resolve_device
+    from winpos.d2.predict import plan_outputs, predict_images
+
+    plan_outputs(args.input, args.output, force=args.force)  # the output folder is checked before any work
+    setup_logger(name="winpos")
+    cfg.train.device = resolve_device(cfg)
+    model = build_model(cfg)
+    if checkpoint:
+        load_init_checkpoint(WinposCheckpointer(model), checkpoint)  # logs its load report
+    records = predict_images(cfg, model, args.input, args.output, args.score_thresh, force=args.force,
+                             progress=not args.no_progress)
+    skipped = [r for r in records if "error" in r]
+    print(f"{len(records) - len(skipped)} images -> {args.output}" +
+          (f"; {len(skipped)} skipped (e.g. {skipped[0]['file']}: {skipped[0]['error']})" if skipped else ""))
+    return EXIT_FAILED if skipped else 0
+
+
+def main(argv=None) -> int:
+    """The command: ``run`` with bad input turned into one ``error:`` line and exit status 2."""
+    return run_cli(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
