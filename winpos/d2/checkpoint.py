@@ -7,7 +7,8 @@ from any format winpos can import.
   ``O_TMPFILE``, are removed when the next checkpointer opens the folder). Every file is read with
   ``winpos.checkpoints.io.load_checkpoint_object`` (``torch.load(weights_only=True)``, safetensors, or a
   restricted unpickler for detectron2 ``.pkl`` files): no code in a checkpoint is ever executed.
-- ``RNGState`` is a checkpointable holding the torch / CUDA / numpy / Python RNG states, so a resumed run draws
+- ``RNGState`` is a checkpointable holding the torch / CUDA / numpy / Python RNG states of every process
+  (``CaptureRNG`` gathers them at each checkpoint iteration), so a resumed run, on one process or several, draws
   the same random numbers (drop path, RPN/ROI sampling) as the uninterrupted one.
 - ``load_init_checkpoint`` loads a detector checkpoint (winpos or detectron2 names) through detectron2's loader,
   and anything else (MAE, detectron2 ViTDet zoo, SAM, Hiera, SAM2, timm) into the backbone through
@@ -24,6 +25,7 @@ from urllib.parse import parse_qs, urlparse
 import numpy as np
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
+from detectron2.engine import HookBase
 from detectron2.utils import comm
 
 from winpos.backbones import HieraDet, ViTDet
@@ -31,7 +33,7 @@ from winpos.checkpoints.io import check_finite_state_dict, load_checkpoint_objec
 from winpos.errors import MissingInputError, WinposError
 from winpos.outputs import atomic_write, remove_stale_temps
 
-__all__ = ["WinposCheckpointer", "RNGState", "load_init_checkpoint", "split_checkpoint_url"]
+__all__ = ["WinposCheckpointer", "RNGState", "CaptureRNG", "load_init_checkpoint", "split_checkpoint_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,40 +110,80 @@ class WinposCheckpointer(DetectionCheckpointer):
         return _normalize(load_checkpoint_object(filename), filename)
 
 
-class RNGState:
-    """Checkpointable RNG states of this process (torch CPU, CUDA, numpy, Python ``random``).
+def _own_rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
-    In a multi-process run only rank 0's states are saved; on load every other rank derives its own stream from
-    them and its rank, so ranks stay different and the resumed run stays deterministic.
+
+def _set_own_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class RNGState:
+    """Checkpointable RNG states (torch CPU, CUDA, numpy, Python ``random``) of every process of the run.
+
+    Saved as ``{"ranks": [state of rank 0, state of rank 1, ...]}``: ``capture`` (called on every rank at the same
+    iteration, by ``CaptureRNG``) gathers them; without it only this process's state is saved. On load rank ``r``
+    restores its own state. A checkpoint of another process count (or one written before the states of all ranks
+    were saved, which holds rank 0's only) restores rank 0's state where it can; every other rank derives a stream
+    from it and its rank, which is deterministic but not the uninterrupted run's, and this is logged.
     """
 
+    def __init__(self):
+        self._gathered = None
+
+    def capture(self) -> None:
+        """Gather every rank's current state (a collective call: every rank must call it at the same point)."""
+        own = _own_rng_state()
+        self._gathered = comm.all_gather(own) if comm.get_world_size() > 1 else [own]
+
     def state_dict(self) -> dict:
-        np_state = np.random.get_state()
-        state = {
-            "torch": torch.get_rng_state(),
-            "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                      "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-            "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
-        }
-        if torch.cuda.is_available():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
+        return {"ranks": self._gathered if self._gathered is not None else [_own_rng_state()]}
 
     def load_state_dict(self, state: dict) -> None:
-        torch.set_rng_state(state["torch"])
-        n = state["numpy"]
-        np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                             n["cached_gaussian"]))
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-        if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(state["cuda"])
-        rank = comm.get_rank()
+        ranks = state["ranks"] if "ranks" in state else [state]  # an older checkpoint: rank 0's state only
+        rank, world = comm.get_rank(), comm.get_world_size()
+        if len(ranks) == world:
+            _set_own_rng_state(ranks[rank])
+            return
+        _set_own_rng_state(ranks[0])
+        if rank == 0:
+            logger.warning(f"the checkpoint holds the RNG states of {len(ranks)} process(es) and this run has {world}: "
+                           "rank 0 continues from the saved state, the other ranks derive new streams, so the resumed "
+                           "run is deterministic but not the uninterrupted one")
         if rank > 0:
             derived = int(torch.randint(0, 2**31 - 1, (1,))) + 1_000_003 * rank
             torch.manual_seed(derived)
             np.random.seed(derived % 2**32)
             random.seed(derived)
+
+
+class CaptureRNG(HookBase):
+    """Registered on every rank before ``PeriodicCheckpointer`` (which runs on rank 0 only): at each iteration
+    that writes a checkpoint (every ``period``, and the last), gathers every rank's RNG state into ``rng``."""
+
+    def __init__(self, rng: RNGState, period: int, max_iter: int):
+        self.rng, self.period, self.max_iter = rng, int(period), int(max_iter)
+
+    def after_step(self):
+        it = self.trainer.iter
+        if (it + 1) % self.period == 0 or it >= self.max_iter - 1:
+            self.rng.capture()
 
 
 def _winpos_net(model) -> tuple[str, torch.nn.Module]:

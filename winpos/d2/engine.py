@@ -9,9 +9,19 @@ iteration so they read like one uninterrupted run, ``--dataset NAME=JSON:IMAGE_R
 process, and ``train.init_checkpoint`` in any format the winpos importers read (its load report is logged).
 
 ``--eval-only`` needs weights (``train.init_checkpoint``) unless ``--random-weights`` asks for the untrained
-model. ``output_dir/config.yaml`` is written (atomically) only when training starts from scratch, after the model,
-its weights and the data loader were built: a resumed run, an evaluation or a start that fails keeps the file of
-the run that is already there.
+model; it locks ``output_dir`` and writes into ``output_dir/inference`` only when that holds no evaluation yet, or
+with ``--force`` (a finished run's own evaluation is not replaced by another checkpoint's by accident).
+``output_dir/config.yaml`` is written (atomically) when training starts from scratch, after the model, its weights
+and the data loader were built: an evaluation or a start that fails keeps the file of the run that is already
+there. A resume is compared with that file first (``winpos.d2.run_dir.check_resume``): a change of what defines
+the run is refused, a longer schedule or another accumulation is said and recorded.
+
+A run is finished when its final evaluation is written (``final_results.json``, tied to the run's config and
+weights by digests): ``--resume`` of a run that trained to ``max_iter`` but was stopped before or during that
+evaluation runs it, and a finished run returns the recorded results (an edited file is refused).
+
+Under ``launch`` with several processes every process runs through ``winpos.errors.run_reporting``: a refusal or
+failure is one ``error:`` line from the parent, as with one process.
 """
 from __future__ import annotations
 
@@ -30,14 +40,15 @@ from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventStorage, JSONWriter, TensorboardXWriter
 from omegaconf import OmegaConf
 
-from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpoint
+from winpos.d2.checkpoint import CaptureRNG, RNGState, WinposCheckpointer, load_init_checkpoint
 from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
-from winpos.d2.run_dir import claim_run_dir
+from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_earlier_config, lock_run_dir,
+                               read_final_results, write_final_results)
 from winpos.d2.startup import plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
-from winpos.errors import WinposError
-from winpos.outputs import atomic_write
+from winpos.errors import NOTES_ENV, WinposError, launched_failure, run_reporting
+from winpos.outputs import atomic_write, claim_output_dir
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",
            "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
@@ -56,7 +67,8 @@ def build_parser(epilog: str | None = None):
                              "bad annotations are skipped and counted")
     parser.add_argument("--force", action="store_true",
                         help="replace the run already in train.output_dir (its checkpoints, metrics and config are "
-                             "removed first); without it such a folder is refused unless --resume")
+                             "removed first), or with --eval-only the evaluation in train.output_dir/inference; "
+                             "without it such a folder is refused unless --resume")
     return parser
 
 
@@ -142,8 +154,10 @@ def _default_setup(cfg, args) -> None:
     output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
     seed_process(cfg)  # first, so that a bad train.seed is refused before the run folder is claimed
     if comm.is_main_process() and output_dir:
-        if getattr(args, "eval_only", False):
-            os.makedirs(output_dir, exist_ok=True)
+        if getattr(args, "eval_only", False):  # beside a run, never over its evaluation unless --force
+            lock_run_dir(output_dir)
+            claim_output_dir(os.path.join(output_dir, "inference"), planned=EVAL_FILES,
+                             force=getattr(args, "force", False), flag="--eval-only output")
         else:  # before log.txt: a folder holding another run, or in use by one, is refused untouched
             claim_run_dir(output_dir, resume=getattr(args, "resume", False), force=getattr(args, "force", False))
     rank = comm.get_rank()
@@ -169,7 +183,8 @@ def _log_to_files_only(log, message: str) -> None:
 
 
 def save_config(cfg, resume: bool = False) -> str | None:
-    """Write ``output_dir/config.yaml`` atomically (main process), except on a resume that finds one there.
+    """Write ``output_dir/config.yaml`` atomically (main process), except on a resume that finds one there (a
+    resume that changed the run's length or accumulation rewrites it before, ``check_resume``).
     Returns the path written, or None."""
     output_dir = OmegaConf.select(cfg, "train.output_dir", default=None)
     if not output_dir or not comm.is_main_process():
@@ -351,6 +366,9 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     """Train ``cfg.model`` as configured; returns the last evaluation results (or {}). ``extra_hooks``: detectron2
     hooks registered first (their ``after_train`` runs before the final evaluation). ``train.output_dir`` is
     claimed first (``winpos.d2.run_dir``): locked, and refused when it holds another run unless ``resume`` / ``force``.
+    A ``resume`` is checked against the run's ``config.yaml`` (refused, or said and recorded), and a resume of a run
+    already at ``train.max_iter`` finishes it: it returns the recorded final evaluation, or runs it when it is
+    missing (the run was stopped before or while writing it).
     """
     plan = plan_of(cfg, comm.get_world_size())  # refuses a batch the processes and accumulation cannot make
     if comm.is_main_process():
@@ -359,6 +377,10 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     # Seeded here, not only in setup, so that a caller that skips setup (a library call, the reproduction's runs)
     # still gets the same run twice; a resume then restores the streams saved in its checkpoint (RNGState).
     seed_process(cfg)
+    output_dir = cfg.train.output_dir
+    eval_after_train = bool(cfg.train.get("eval_after_train", True))
+    resuming = resume and os.path.isfile(os.path.join(output_dir, "last_checkpoint"))  # as has_checkpoint()
+    changes = check_resume(cfg, output_dir) if resuming else []  # before anything is loaded into the model
     model = build_model(cfg)
     optimizer = build_optimizer(cfg, model)
     model = _ddp(model, cfg)
@@ -366,8 +388,8 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     trainer = WinposTrainer(model, None, optimizer, amp=amp.get("enabled", False),
                             precision=amp.get("precision", "bf16"), clip_grad=cfg.train.get("clip_grad", None),
                             grad_accum_steps=plan.accum)
-    output_dir = cfg.train.output_dir
-    checkpointer = WinposCheckpointer(model, output_dir, trainer=trainer, rng=RNGState())
+    rng = RNGState()
+    checkpointer = WinposCheckpointer(model, output_dir, trainer=trainer, rng=rng)
     results = {}
 
     def test_and_keep():
@@ -379,23 +401,43 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
         *extra_hooks,
         hooks.IterationTimer(),
         hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
+        CaptureRNG(rng, cfg.train.checkpointer.period, cfg.train.max_iter),  # every rank's, for the checkpoint
         hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if comm.is_main_process() else None,
-        hooks.EvalHook(cfg.train.eval_period, test_and_keep,
-                       eval_after_train=bool(cfg.train.get("eval_after_train", True))),
+        hooks.EvalHook(cfg.train.eval_period, test_and_keep, eval_after_train=eval_after_train),
         ResumableWriter(output_dir, cfg.train.max_iter, cfg.train.log_period) if comm.is_main_process() else None,
     ])
-    if resume and checkpointer.has_checkpoint():
+    if resuming:
         checkpointer.resume_or_load(cfg.train.init_checkpoint, resume=True)
         start_iter = trainer.iter + 1
     else:
         load_init_checkpoint(checkpointer, cfg.train.init_checkpoint)
         start_iter = 0
+    if changes and comm.is_main_process():
+        kept = keep_earlier_config(output_dir, start_iter)
+        save_config(cfg)
+        logger.warning("resuming with " + ", ".join(f"{k}={here!r} (the run had {saved!r})" for k, here, saved in changes)
+                       + f" from iteration {start_iter}: config.yaml now says so; the earlier one is kept as {kept}")
     if start_iter >= cfg.train.max_iter:
-        logger.info(f"checkpoint is at iteration {start_iter}, train.max_iter={cfg.train.max_iter}: nothing to do")
+        if not (resuming and eval_after_train):
+            logger.info(f"checkpoint is at iteration {start_iter}, train.max_iter={cfg.train.max_iter}: nothing to "
+                        "do")
+            return results
+        checkpoint = checkpointer.get_checkpoint_file()
+        recorded = read_final_results(output_dir, checkpoint)
+        if recorded is not None:
+            logger.info(f"the run is finished: its final evaluation is read from {output_dir}/final_results.json")
+            return recorded
+        logger.info(f"the run trained to iteration {start_iter} but its final evaluation was not written: "
+                    f"evaluating {os.path.basename(checkpoint)} now")
+        results = do_test(cfg, model)
+        if comm.is_main_process() and results:
+            write_final_results(output_dir, results, checkpoint, start_iter)
         return results
     trainer.data_loader = build_train_loader(cfg, start_iter)
     save_config(cfg, resume=start_iter > 0)
     trainer.train(start_iter, cfg.train.max_iter)
+    if comm.is_main_process() and eval_after_train and results:
+        write_final_results(output_dir, results, checkpointer.get_checkpoint_file(), cfg.train.max_iter)
     return results
 
 
@@ -411,13 +453,30 @@ def main(args):
 
 
 def launch_main(args, main_func=main):
-    """Run ``main_func(args)`` in ``args.num_gpus`` processes per machine (gloo on CPU) via detectron2's launch."""
+    """Run ``main_func(args)`` in ``args.num_gpus`` processes per machine (gloo on CPU) via detectron2's launch.
+
+    With several processes each runs through ``run_reporting``, and a failure raises one
+    ``winpos.errors.ProcessFailed`` here (one line, the status of a bad input or of a failure while working)
+    instead of the traceback of every process."""
     if args.num_gpus < 1:
         raise WinposError(f"--num-gpus={args.num_gpus}: need at least 1 process per machine")
     if torch.cuda.is_available() and args.num_gpus > torch.cuda.device_count():
         raise WinposError(f"--num-gpus={args.num_gpus} but only {torch.cuda.device_count()} GPUs are visible")
-    return launch(main_func, args.num_gpus, num_machines=args.num_machines, machine_rank=args.machine_rank,
-                  dist_url=args.dist_url, args=(args,))
+    common = dict(num_machines=args.num_machines, machine_rank=args.machine_rank, dist_url=args.dist_url)
+    if args.num_gpus * args.num_machines == 1:  # in this process: run_cli reports its errors
+        return launch(main_func, 1, args=(args,), **common)
+    import tempfile
+
+    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
+
+    with tempfile.TemporaryDirectory(prefix="winpos-notes-") as notes:
+        os.environ[NOTES_ENV] = notes  # the spawned processes inherit it
+        try:
+            return launch(run_reporting, args.num_gpus, args=(main_func, args), **common)
+        except (ProcessExitedException, ProcessRaisedException) as e:
+            raise launched_failure(e, notes) from None
+        finally:
+            os.environ.pop(NOTES_ENV, None)
 
 
 if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing

@@ -1,13 +1,21 @@
 """COCO evaluation behind ``tools/eval_coco.py``: box and mask AP (APs/APm/APl) with the official pycocotools
 (detectron2's ``COCOEvaluator(use_fast_impl=False)``), the same model at several test sizes (resolution sweep:
-JSON + PNG plot of AP vs size), and inference speed (images / s at batch 1). Result files are written atomically;
-``evaluate_checkpoint`` checks its output folder before any work and replaces earlier results only with ``force``."""
+JSON + PNG plot of AP vs size), and inference speed (images / s at batch 1).
+
+Every result file is written atomically, detectron2's own included: ``StagedCOCOEvaluator`` lets
+``COCOEvaluator`` write ``instances_predictions.pth`` and ``coco_instances_results.json`` into a private staging
+folder and renames them into place only when both are complete, so a full disk or a kill leaves the previous files
+as they were (a failed write is one ``WriteError`` line naming the folder). ``evaluate_checkpoint`` claims its
+output folder before any work (``winpos.outputs.claim_output_dir``: locked while it writes; earlier results are
+replaced only with ``force``, which first removes what the earlier evaluation wrote there, as its manifest lists)."""
 from __future__ import annotations
 
 import copy
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 
 import torch
@@ -19,9 +27,9 @@ from omegaconf import OmegaConf
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_num_classes
 from winpos.errors import WinposError
-from winpos.outputs import atomic_savefig, atomic_write, check_output_dir
+from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, claim_output_dir, publish_folder
 
-__all__ = ["build_coco_evaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
+__all__ = ["build_coco_evaluator", "StagedCOCOEvaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
            "plot_sweeps", "measure_fps", "sweep_table", "load_sweeps"]
 
 logger = logging.getLogger(__name__)
@@ -32,8 +40,41 @@ def build_coco_evaluator(dataset_name, tasks=None, output_dir=None, use_fast_imp
     """``COCOEvaluator`` after making sure ``dataset_name`` is registered (the embedded ``shapes_*`` are
     registered on demand). ``use_fast_impl=False``: the official pycocotools ``COCOeval``."""
     (name,) = ensure_registered(dataset_name, shapes)
-    return COCOEvaluator(name, tasks=tasks, distributed=distributed, output_dir=output_dir,
+    return StagedCOCOEvaluator(name, tasks=tasks, distributed=distributed, output_dir=output_dir,
                          use_fast_impl=use_fast_impl, max_dets_per_image=max_dets_per_image)
+
+
+class StagedCOCOEvaluator(COCOEvaluator):
+    """``COCOEvaluator`` whose files reach ``output_dir`` whole or not at all.
+
+    ``evaluate`` points detectron2's writer at a staging folder inside ``output_dir`` (same file system) and moves
+    each file into place with ``os.replace`` once every one is written. A write that fails leaves the previous
+    files untouched, removes the staging folder and raises ``winpos.outputs.WriteError`` saying so.
+    """
+
+    def evaluate(self, img_ids=None):
+        final = self._output_dir
+        if not final or not comm.is_main_process():  # only the main process writes (the others return early)
+            return super().evaluate(img_ids)
+        os.makedirs(final, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".staging-", dir=final)
+        self._output_dir = staging
+        try:
+            results = super().evaluate(img_ids)
+            publish_folder(staging, final)
+        except Exception as e:
+            state = "the previous files there are unchanged" if any(
+                os.path.exists(os.path.join(final, n)) for n in ("instances_predictions.pth",
+                                                                  "coco_instances_results.json")) \
+                else "nothing was written"
+            error = as_write_error(e, f"could not write the evaluation files into {final}", state)
+            if error is not None:
+                raise error from e
+            raise
+        finally:
+            self._output_dir = final
+            shutil.rmtree(staging, ignore_errors=True)
+        return results
 
 
 def set_test_size(cfg, model, size: int) -> None:
@@ -265,7 +306,7 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
         raise WinposError("no weights to evaluate: pass --checkpoint or set train.init_checkpoint")
     output_dir = output_dir or os.path.join(cfg.train.output_dir, "eval")
     planned = ["resolution_sweep.json", "resolution_sweep.png"] if sizes else ["results.json"]
-    check_output_dir(output_dir, planned=planned, force=force)
+    check_output_dir(output_dir, planned=planned, force=force)  # at once; claimed (locked, cleared) before writing
     compare_runs = load_sweeps(compare)
     if compare_runs and not sizes:
         raise WinposError("--compare draws earlier sweeps next to this one: it needs --sizes")
@@ -278,6 +319,9 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
     model = build_model(cfg)
     load_init_checkpoint(WinposCheckpointer(model), checkpoint)
     model.eval()
+    # last of the checks, first of the writes: the folder is held from here until the process ends
+    claim_output_dir(output_dir, planned=planned + ["instances_predictions.pth", "coco_instances_results.json"],
+                     force=force)
     if sizes:
         label = label or _run_label(cfg)
         title = f"{os.path.basename(str(config_file))}\n{os.path.basename(str(checkpoint))}"

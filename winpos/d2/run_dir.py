@@ -8,27 +8,30 @@
   start time, command line), so a second run into the folder is refused naming the first;
 - a folder that holds another run (``last_checkpoint``, ``model_*.pth``, ``metrics.json`` or ``config.yaml``) is
   refused unless ``resume`` (continue it) or ``force`` (replace it: the earlier run's files are removed first, so
-  no old checkpoint, metrics line, log or TensorBoard event is left beside the new run).
+  no old checkpoint, metrics line, log, TensorBoard event or evaluation is left beside the new run; only files
+  a run writes: its known names and those listed in the folder's manifest, ``winpos.outputs``).
+
+``lock_run_dir`` takes only the lock, for an evaluation (``--eval-only``) that writes beside a run.
 
 Claiming a folder this process already holds returns at once, so both ``setup`` and ``do_train`` may call it.
 """
 from __future__ import annotations
 
-import datetime
 import os
-import shutil
-import socket
-import sys
 from pathlib import Path
 
 from winpos.errors import WinposError
+from winpos.outputs import (LOCK_NAME, adopt_output_dir, atomic_write, atomic_write_json, clear_outputs, lock_folder,
+                            release_output_dir)
 
-__all__ = ["claim_run_dir", "run_files", "LOCK_NAME", "release_run_dir"]
+__all__ = ["claim_run_dir", "run_files", "LOCK_NAME", "release_run_dir", "lock_run_dir", "EVAL_FILES", "FINAL_RESULTS"]
 
-LOCK_NAME = ".winpos-run.lock"
+FINAL_RESULTS = "final_results.json"  # the final evaluation of a finished run, with its digest (winpos.d2.engine)
 _RUN_FILES = ("last_checkpoint", "metrics.json", "config.yaml")  # what marks a run (an evaluation or a start that
 _RUN_GLOBS = ("model_*.pth",)                                      # failed leaves only a log.txt)
-_FORCE_ALSO = ("log.txt", "log.txt.rank*", "events.out.tfevents.*")  # removed too when a run is replaced
+_FORCE_ALSO = ("log.txt", "log.txt.rank*", "events.out.tfevents.*", "config.until_*.yaml", FINAL_RESULTS)
+EVAL_FILES = ("instances_predictions.pth", "coco_instances_results.json", "box_proposals.pkl")  # detectron2's
+# COCOEvaluator writes these into output_dir/inference
 _held: dict[str, int] = {}  # resolved folder -> lock file descriptor, kept open for the life of the process
 
 
@@ -47,26 +50,9 @@ def _files(folder, names, patterns) -> list[Path]:
     return found
 
 
-def _holder() -> str:
-    started = datetime.datetime.now().isoformat(timespec="seconds")
-    return f"pid {os.getpid()} on {socket.gethostname()}, started {started}: {' '.join(sys.argv)[:300]}\n"
-
-
 def _lock(folder: Path, flag: str) -> int:
-    import fcntl
-
-    path = folder / LOCK_NAME
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # output-policy: the lock, a note, not an output
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
-        os.close(fd)
-        raise WinposError(f"{flag}={folder} is in use by another training run ({holder}); wait for it to end, or "
-                          "choose another output_dir") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, _holder().encode(), 0)  # names the holder to the next claimant
-    return fd
+    return lock_folder(folder, f"{flag}={folder} is in use by another training run ({{holder}}); wait for it to end, "
+                               "or choose another output_dir")
 
 
 def claim_run_dir(output_dir, resume: bool = False, force: bool = False,
@@ -94,12 +80,203 @@ def claim_run_dir(output_dir, resume: bool = False, force: bool = False,
     if force and not resume:
         for p in earlier + _files(folder, (), _FORCE_ALSO):
             p.unlink(missing_ok=True)
-        shutil.rmtree(folder / "inference", ignore_errors=True)
+        clear_outputs(folder)
+        if (folder / "inference").is_dir():  # the run's evaluations (its own, or an --eval-only's), nothing else
+            clear_outputs(folder / "inference", also=EVAL_FILES)
+    adopt_output_dir(folder)  # the files this run publishes are listed in its manifest
+    return folder
+
+
+def lock_run_dir(output_dir, flag: str = "train.output_dir") -> Path:
+    """Lock ``output_dir`` for this process without the run policy (an evaluation writing beside a run); a folder
+    a training run holds is refused naming it."""
+    folder = Path(output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    key = str(folder.resolve())
+    if key not in _held:
+        _held[key] = _lock(folder, flag)
     return folder
 
 
 def release_run_dir(output_dir) -> None:
     """Release this process's lock on ``output_dir`` (the end of the process releases it too)."""
-    fd = _held.pop(str(Path(output_dir).resolve()), None)
+    key = str(Path(output_dir).resolve())
+    release_output_dir(output_dir)
+    fd = _held.pop(key, None)
     if fd is not None:
         os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a resume continues the saved run: what defines it must be the same
+
+RUN_KEYS = ("model", "optimizer", "lr_multiplier", "dataloader.train", "train.seed", "train.amp", "train.clip_grad")
+"""Config nodes that define a run: a resume that changes one is refused (the checkpoint's optimizer state, data
+stream and RNG states belong to the saved values)."""
+STATED_KEYS = ("train.max_iter", "train.grad_accum_steps")
+"""Config keys a resume may change: the run continues to the new length, or makes the same total batch in another
+number of micro-batches; the change is logged and ``config.yaml`` rewritten (the earlier one kept)."""
+_FREE = ("dataloader.train.start_iter", "dataloader.train.num_workers")  # the loader's position and speed
+
+
+def _as_saved(cfg) -> dict:
+    """``cfg`` as ``config.yaml`` would hold it (saved and read back), so both sides of a comparison match in
+    form (tuples as lists, objects as their ``_target_`` nodes)."""
+    import tempfile
+
+    from detectron2.config import LazyConfig
+    from omegaconf import OmegaConf
+
+    with tempfile.TemporaryDirectory(prefix="winpos-config-") as tmp:
+        path = os.path.join(tmp, "config.yaml")
+        LazyConfig.save(cfg, path)  # output-policy: a private temporary folder, read back and removed
+        return OmegaConf.to_container(LazyConfig.load(path), resolve=False)
+
+
+def _select(tree, key: str):
+    node = tree
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return _MISSING
+        node = node[part]
+    return node
+
+
+_MISSING = object()
+
+
+def _leaf_diffs(here, saved, key: str) -> list[tuple[str, object, object]]:
+    if key in _FREE:
+        return []
+    if isinstance(here, dict) and isinstance(saved, dict):
+        out = []
+        for k in list(here) + [k for k in saved if k not in here]:
+            out += _leaf_diffs(here.get(k, _MISSING), saved.get(k, _MISSING), f"{key}.{k}")
+        return out
+    return [] if here == saved else [(key, here, saved)]
+
+
+def _shown(value):
+    return "(absent)" if value is _MISSING else value
+
+
+def check_resume(cfg, output_dir) -> list[tuple[str, object, object]]:
+    """Compare the config of a resume with the run's ``output_dir/config.yaml``. Raises WinposError naming the
+    first difference in ``RUN_KEYS`` (and how many more there are); returns the changes of ``STATED_KEYS`` as
+    ``[(key, new value, saved value)]``. A run without ``config.yaml`` (stopped before it was written) is not
+    compared."""
+    path = Path(output_dir) / "config.yaml"
+    if not path.is_file():
+        return []
+    from detectron2.config import LazyConfig
+    from omegaconf import OmegaConf
+
+    try:
+        saved = OmegaConf.to_container(LazyConfig.load(str(path)), resolve=False)
+    except Exception as e:  # noqa: BLE001 - yaml / omegaconf raise their own types
+        raise WinposError(f"{path} cannot be read ({type(e).__name__}: {e}); a resume is checked against it: "
+                          "restore it, or start a new run (--force, or another train.output_dir)") from None
+    here = _as_saved(cfg)
+    refused = [d for key in RUN_KEYS for d in _leaf_diffs(_select(here, key), _select(saved, key), key)]
+    if refused:
+        key, new, old = refused[0]
+        more = f" (and {len(refused) - 1} more: {', '.join(k for k, _, _ in refused[1:4])})" if len(refused) > 1 else ""
+        raise WinposError(f"--resume: {key}={_shown(new)!r} differs from the run in {output_dir}, whose config.yaml "
+                          f"has {key}={_shown(old)!r}{more}; a resume continues that run exactly: drop the override, "
+                          "or start a new run (--force, or another train.output_dir)")
+    return [(k, _select(here, k), _select(saved, k)) for k in STATED_KEYS if _select(here, k) != _select(saved, k)]
+
+
+def keep_earlier_config(output_dir, start_iter: int) -> str:
+    """Keep ``config.yaml`` as ``config.until_<start_iter>.yaml`` (what ran before a resume that changed the
+    run's length or accumulation); returns the new name."""
+
+
+    name = f"config.until_{start_iter:07d}.yaml"
+    data = (Path(output_dir) / "config.yaml").read_bytes()
+    atomic_write(Path(output_dir) / name, lambda f: f.write(data), "wb")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# a finished run's final evaluation, tied to its config and weights
+
+
+def _sha256_file(path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _digest(body: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(body, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def _json_safe(obj):
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_json_safe(v) for v in obj]
+    if isinstance(obj, float):
+        return None if obj != obj or obj in (float("inf"), float("-inf")) else obj
+    return obj
+
+
+def _from_json(obj):
+    if isinstance(obj, dict):
+        return {k: _from_json(v) for k, v in obj.items()}
+    return float("nan") if obj is None else obj  # pycocotools' AP of an empty size range
+
+
+def write_final_results(output_dir, results: dict, checkpoint, iteration: int) -> Path:
+    """Write ``output_dir/final_results.json``: the final evaluation ``results`` of ``checkpoint`` at
+    ``iteration``, with the SHA-256 of the checkpoint and of ``config.yaml`` and a digest of the whole, so that
+    ``read_final_results`` detects an edited result, config or checkpoint."""
+
+
+    folder = Path(output_dir)
+    config = folder / "config.yaml"
+    body = {"iteration": int(iteration), "checkpoint": os.path.basename(checkpoint),
+            "checkpoint_sha256": _sha256_file(checkpoint),
+            "config_sha256": _sha256_file(config) if config.is_file() else None,
+            "results": _json_safe(results)}
+    atomic_write_json(folder / FINAL_RESULTS, {**body, "digest": _digest(body)})
+    return folder / FINAL_RESULTS
+
+
+def read_final_results(output_dir, checkpoint) -> dict | None:
+    """The results recorded in ``output_dir/final_results.json`` when it is the evaluation of ``checkpoint``, else
+    None (no file, or one of another checkpoint: the caller evaluates). Raises WinposError for a file that is
+    corrupt or whose digest, config or checkpoint hash does not match (edited after the run wrote it)."""
+    import json
+
+    folder = Path(output_dir)
+    path = folder / FINAL_RESULTS
+    if not path.is_file():
+        return None
+    fix = (f"delete {path} and run --resume again to evaluate {os.path.basename(checkpoint)} anew")
+    try:
+        data = json.loads(path.read_text())
+        body = {k: data[k] for k in ("iteration", "checkpoint", "checkpoint_sha256", "config_sha256", "results")}
+        digest = data["digest"]
+    except (ValueError, KeyError, TypeError):
+        raise WinposError(f"{path} is corrupt (not a final evaluation written by winpos); {fix}") from None
+    if _digest(body) != digest:
+        raise WinposError(f"{path} was edited: its content does not match its digest; {fix}")
+    if body["checkpoint"] != os.path.basename(checkpoint):
+        return None
+    config = folder / "config.yaml"
+    if body["config_sha256"] != (_sha256_file(config) if config.is_file() else None):
+        raise WinposError(f"{config} changed after the run's final evaluation was written ({path}); restore it, or "
+                          f"{fix}")
+    if body["checkpoint_sha256"] != _sha256_file(checkpoint):
+        raise WinposError(f"{checkpoint} is not the file the run's final evaluation ({path}) was made from; "
+                          f"restore it, or {fix}")
+    return _from_json(body["results"])
