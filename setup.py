@@ -2,7 +2,7 @@
 
 Install with the extras you need: ``pip install .`` gives the backbones, kernels, checkpoint converters and
 diagnostics (no detectron2); ``.[d2]`` adds what training, evaluation and prediction need besides detectron2 itself
-(torchvision, shapely, OpenCV, detectron2's pure-Python dependencies; detectron2 is not on PyPI: install it from its
+(torchvision, shapely, detectron2's pure-Python dependencies; detectron2 is not on PyPI: install it from its
 repository, or run tools/setup_env.sh, which installs its pure-Python part); ``.[bench]`` the peer implementations
 the benchmarks time; ``.[test]`` everything the test suite uses (its parity oracles).
 
@@ -15,16 +15,16 @@ from pathlib import Path
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
-INSTALL = ["torch>=2.1", "numpy", "safetensors", "matplotlib", "tqdm", "pycocotools", "Pillow", "pyyaml"]
+INSTALL = ["torch>=2.1", "numpy", "safetensors", "matplotlib", "tqdm", "pycocotools", "Pillow", "pyyaml",
+           "opencv-python-headless"]  # OpenCV: image and video decoding (winpos.data.images), detectron2's Visualizer
 D2_EXTRAS = [  # what winpos.d2 needs at run time besides detectron2 itself
     "torchvision",  # detectron2.layers imports it
     "shapely",  # fvcore's polygon crop in the LSJ augmentation
-    "opencv-python-headless",  # image and video decoding, detectron2's Visualizer
     "fvcore", "iopath", "omegaconf>=2.1,<2.4", "hydra-core>=1.1", "yacs", "termcolor", "tabulate", "cloudpickle",
     "tensorboard", "setuptools<81",  # detectron2.model_zoo imports pkg_resources
 ]
 PEERS = ["timm==1.0.31", "sam2==1.1.0", "hiera-transformer==0.1.4", "segment-anything==1.0"]
-BENCH_EXTRAS = PEERS + ["opencv-python-headless"]
+BENCH_EXTRAS = PEERS
 TEST_EXTRAS = ["pytest>=7", "hypothesis>=6"] + PEERS + D2_EXTRAS
 
 # configs/ installed as winpos.configs: each folder of it is a (data-only) package of the wheel

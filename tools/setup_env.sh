@@ -22,7 +22,7 @@ PIP=("$PY" -m pip install --disable-pip-version-check -q)
 
 # detectron2 dependencies (pure Python); setuptools<81 keeps pkg_resources for detectron2.model_zoo.
 "${PIP[@]}" "setuptools<81" wheel pycocotools fvcore iopath "omegaconf>=2.1,<2.4" "hydra-core>=1.1" yacs \
-  termcolor tabulate cloudpickle tqdm matplotlib Pillow tensorboard black shapely
+  termcolor tabulate cloudpickle tqdm matplotlib Pillow tensorboard black shapely opencv-python-headless
 
 if ! "$PY" -c "import detectron2, detectron2.modeling" 2>/dev/null; then
   D2="$VENV/d2-pure"

@@ -1,6 +1,7 @@
 """Run a LazyConfig model on image files and draw its predictions (what ``DefaultPredictor`` + ``demo.py`` do for
-yacs configs, which detectron2 does not offer for LazyConfig). Drawings are made with PIL: detectron2's
-``Visualizer`` needs OpenCV, which winpos does not depend on.
+yacs configs, which detectron2 does not offer for LazyConfig). Drawings are made with PIL (``draw_instances``) or
+with detectron2's ``Visualizer`` (``draw_with_visualizer``, ``drawer="detectron2"``). Videos and cameras:
+``winpos.d2.video``.
 
 Outputs follow winpos's output policy (``winpos.outputs``): ``plan_outputs`` checks the output folder before any
 work (not the folder of an input image, no existing output file unless ``force``, writable) and gives every input
@@ -25,8 +26,8 @@ from winpos.data.images import read_image  # 16-bit, palette, alpha with their r
 from winpos.errors import MissingInputError, WinposError
 from winpos.outputs import atomic_write, check_output_dir
 
-__all__ = ["IMAGE_EXTS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
-           "predict_images", "class_names", "mask_rle"]
+__all__ = ["IMAGE_EXTS", "DRAWERS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
+           "draw_with_visualizer", "draw", "predict_images", "class_names", "mask_rle", "instances_record"]
 
 logger = logging.getLogger(__name__)
 IMAGE_EXTS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -122,6 +123,39 @@ def draw_instances(rgb: np.ndarray, instances, class_names=None, alpha: float = 
     return Image.alpha_composite(image, overlay).convert("RGB")
 
 
+def draw_with_visualizer(rgb: np.ndarray, instances, class_names=None) -> Image.Image:
+    """The same drawing made by detectron2's ``Visualizer`` (its colours, labels and mask outlines)."""
+    from detectron2.data import Metadata
+    from detectron2.utils.visualizer import Visualizer
+
+    metadata = Metadata(thing_classes=list(class_names)) if class_names else Metadata()
+    return Image.fromarray(Visualizer(rgb, metadata).draw_instance_predictions(instances).get_image())
+
+
+DRAWERS = {"winpos": draw_instances, "detectron2": draw_with_visualizer}
+
+
+def check_drawer(drawer: str) -> None:
+    if drawer not in DRAWERS:
+        raise WinposError(f"--drawer {drawer!r} is unknown; choose one of {', '.join(DRAWERS)}")
+
+
+def draw(rgb: np.ndarray, instances, class_names=None, drawer: str = "winpos") -> Image.Image:
+    """``rgb`` with ``instances`` drawn by ``drawer`` (a key of ``DRAWERS``)."""
+    check_drawer(drawer)
+    return DRAWERS[drawer](rgb, instances, class_names)
+
+
+def instances_record(instances, names) -> dict:
+    """``{"boxes" (XYXY px), "scores", "classes", "class_names", "masks" (COCO RLE, when predicted)}``."""
+    classes = instances.pred_classes.tolist()
+    record = {"boxes": instances.pred_boxes.tensor.tolist(), "scores": instances.scores.tolist(), "classes": classes,
+              "class_names": [names[c] if names and c < len(names) else str(c) for c in classes]}
+    if instances.has("pred_masks"):
+        record["masks"] = [mask_rle(m > 0) for m in instances.pred_masks.numpy()]
+    return record
+
+
 def class_names(cfg) -> list[str] | None:
     """The class names of the config's datasets (registered metadata, or the embedded shapes' names), never by
     generating a dataset; None (with a warning: classes are drawn as ids) when none is known."""
@@ -142,12 +176,14 @@ def mask_rle(mask: np.ndarray) -> dict:
 
 
 def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, force: bool = False,
-                   progress: bool = False) -> list[dict]:
+                   progress: bool = False, drawer: str = "winpos") -> list[dict]:
     """Predict every image of ``inputs``; write ``output_dir/<name>.png`` drawings (masks, boxes, class name and
     score above ``score_thresh``) and ``output_dir/predictions.json``. Returns the JSON records: ``{"file",
     "drawing", "boxes" (XYXY px), "scores", "classes", "class_names", "masks" (COCO RLE, when the model predicts
     masks)}`` per image, or ``{"file", "error"}`` for an image that could not be read. The output folder is checked
-    first (``plan_outputs``; ``force`` replaces earlier outputs); ``progress``: a tqdm bar over the images."""
+    first (``plan_outputs``; ``force`` replaces earlier outputs); ``progress``: a tqdm bar over the images;
+    ``drawer``: ``"winpos"`` (PIL) or ``"detectron2"`` (its ``Visualizer``)."""
+    check_drawer(drawer)  # before any work
     plan = plan_outputs(inputs, output_dir, force=force)
     predictor = Predictor(cfg, model)
     names = class_names(cfg)
@@ -169,15 +205,9 @@ def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, fo
                 continue
             instances = predictor(image)
             instances = instances[instances.scores >= score_thresh]
-            drawing = draw_instances(rgb, instances, names)
+            drawing = draw(rgb, instances, names, drawer)
             atomic_write(out, lambda f: drawing.save(f, format="PNG"), "wb")
-            classes = instances.pred_classes.tolist()
-            record = {"file": str(path), "drawing": str(out), "boxes": instances.pred_boxes.tensor.tolist(),
-                      "scores": instances.scores.tolist(), "classes": classes,
-                      "class_names": [names[c] if names and c < len(names) else str(c) for c in classes]}
-            if instances.has("pred_masks"):
-                record["masks"] = [mask_rle(m > 0) for m in instances.pred_masks.numpy()]
-            records.append(record)
+            records.append({"file": str(path), "drawing": str(out), **instances_record(instances, names)})
     finally:  # the records so far are kept even if a later image stops the run
         atomic_write(Path(output_dir) / "predictions.json", lambda f: json.dump(records, f, indent=1), "w")
     skipped = sum("error" in r for r in records)
