@@ -1,0 +1,139 @@
+"""winpos as an installed library: the wheel is built from this checkout, installed into a fresh virtual
+environment, and used from a folder outside the checkout as a new user would, with the installed commands only.
+
+The fresh environment gets winpos from the wheel and nothing else; its dependencies (torch, detectron2, OpenCV, ...)
+are the ones this test's interpreter already has, made visible by a ``.pth`` file listing their folders (no network:
+pip installs the wheel with ``--no-deps``). Those folders' own ``.pth`` files are not run, so the checkout's
+editable install cannot shadow the wheel: the first test checks that winpos is imported from the new environment.
+Steps: config by name (and composed in a user's own LazyConfig), every installed command's ``--help``, 5 training
+iterations on the embedded shapes data, and one real run each of the doctor, the converter and predict on an image
+and on a video. About 1.5 minutes of CPU.
+"""
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from winpos.cli import COMMANDS
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = "shapes/mask_rcnn_hieradet_toy_abswin.py"
+
+
+def _run(cmd, cwd, timeout=600, **kw):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", TQDM_DISABLE="1", PYTHONDONTWRITEBYTECODE="1")
+    return subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, env=env, timeout=timeout,
+                          **kw)
+
+
+def _ok(res):
+    assert res.returncode == 0, f"{res.args}\n{res.stdout[-1500:]}\n{res.stderr[-3000:]}"
+    return res
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """``(bin folder, python, a work folder outside the checkout, the wheel)``."""
+    base = tmp_path_factory.mktemp("wheel")
+    _ok(_run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "-q", "--no-deps",
+              "--no-build-isolation", ROOT, "-w", base / "dist"], cwd=base))
+    wheel = next((base / "dist").glob("winpos-*.whl"))
+    _ok(_run([sys.executable, "-m", "venv", "--without-pip", base / "venv"], cwd=base))
+    python = base / "venv" / "bin" / "python"
+    _ok(_run([sys.executable, "-m", "pip", "--python", python, "install", "--disable-pip-version-check", "-q",
+              "--no-deps", "--no-index", wheel], cwd=base))
+    site = Path(_ok(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=base))
+                .stdout.strip())
+    deps = [sysconfig.get_paths()["purelib"]]  # this interpreter's packages, the wheel's own first
+    for pth in Path(deps[0]).glob("winpos-detectron2.pth"):  # tools/setup_env.sh's pure-Python detectron2
+        deps += [line.strip() for line in pth.read_text().splitlines() if line.strip()]
+    (site / "zz_winpos_test_deps.pth").write_text("\n".join(deps) + "\n")
+    work = base / "user"
+    work.mkdir()
+    return base / "venv" / "bin", python, work, wheel
+
+
+def test_the_wheel_holds_configs_checkpoint_license_readme_and_commands(installed):
+    _, _, _, wheel = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "winpos/configs/COCO/mask_rcnn_vitdet_b_100ep.py" in names and "winpos/configs/common/train.py" in names
+    assert "winpos/demo_checkpoint/stage1_hieradet_abs_learned_64px.pth" in names
+    assert any(n.endswith("dist-info/licenses/LICENSE") or n.endswith("dist-info/LICENSE") for n in names)
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("dist-info/METADATA"))).decode()
+    assert "Description-Content-Type: text/markdown" in meta and "# winpos" in meta
+    assert "Requires-Dist: torchvision; extra == \"d2\"" in meta and "Requires-Dist: shapely; extra == \"d2\"" in meta
+    assert "Requires-Dist: opencv-python-headless" in meta
+    entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
+    for command, module in COMMANDS.items():
+        assert f"{command} = winpos.cli.{module}:main" in entry
+
+
+def test_configs_by_name_outside_the_checkout(installed):
+    _, python, work, _ = installed
+    (work / "my_config.py").write_text(
+        "from winpos.model_zoo import get_config\n"
+        f"base = get_config({CONFIG!r})\n"
+        "model, dataloader, optimizer, lr_multiplier, train = (base.model, base.dataloader, base.optimizer, "
+        "base.lr_multiplier, base.train)\n"
+        "model.backbone.bottom_up.recipe = 'paper'\n")
+    res = _ok(_run([python, "-c", (
+        "import winpos, winpos.model_zoo as z\n"
+        "from winpos.d2.config import load_config\n"
+        "cfg = z.get_config('COCO/mask_rcnn_vitdet_b_100ep.py')\n"
+        "mine = load_config('my_config.py')\n"
+        "print(winpos.__file__, z.config_root(), z.demo_checkpoint(), cfg.model.backbone.net.net, cfg.train.max_iter,"
+        " mine.model.backbone.bottom_up.recipe, len(z.list_configs()))")], cwd=work))
+    where, root, ckpt, net, iters, recipe, count = res.stdout.split()
+    venv = str(python.parents[1])
+    assert where.startswith(venv) and root.startswith(venv) and ckpt.startswith(venv), res.stdout  # not the checkout
+    assert (net, iters, recipe) == ("vitdet_b", "184375", "paper") and int(count) >= 40
+
+
+def test_every_installed_command_answers_help(installed):
+    bin_dir, _, work, _ = installed
+    commands = [c for c, m in COMMANDS.items() if m != "reproduce" or (ROOT / "winpos/cli/reproduce.py").is_file()]
+    for command in commands + ["winpos-bench-decode"]:
+        res = _ok(_run([bin_dir / command, "--help"], cwd=work))
+        assert res.stdout.startswith(f"usage: {command}"), (command, res.stdout[:200])
+
+
+def test_train_doctor_convert_predict_from_the_installed_commands(installed):
+    import cv2
+    import numpy as np
+
+    bin_dir, _, work, _ = installed
+    out = work / "run"
+    _ok(_run([bin_dir / "winpos-train", "--config-file", CONFIG, "train.max_iter=5", f"train.output_dir={out}",
+              "train.eval_after_train=False", "train.checkpointer.period=5"], cwd=work))
+    weights = out / "model_final.pth"
+    assert weights.is_file() and len((out / "metrics.json").read_text().splitlines()) >= 1
+
+    doctor = _run([bin_dir / "winpos-posemb", "doctor", "COCO/mask_rcnn_vitdet_b_100ep.py"], cwd=work)
+    assert doctor.returncode == 1 and "[BUG]" in doctor.stdout, doctor.stdout[-1500:] + doctor.stderr[-1500:]
+    assert "winpos-train --config-file COCO/mask_rcnn_vitdet_b_100ep.py" in doctor.stdout
+    assert "winpos-convert --input CKPT" in doctor.stdout and "tools/" not in doctor.stdout
+
+    conv = _ok(_run([bin_dir / "winpos-convert", "--input", weights, "--output", work / "trunk.safetensors", "--to",
+                     "hieradet_toy"], cwd=work))
+    assert (work / "trunk.safetensors").is_file() and "wrote" in conv.stdout
+
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 255, (64, 64, 3), dtype=np.uint8) for _ in range(3)]
+    cv2.imwrite(str(work / "img.png"), frames[0])
+    writer = cv2.VideoWriter(str(work / "clip.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 5.0, (64, 64))
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    common = ["--config-file", f"{out}/config.yaml", "--checkpoint", weights, "--score-thresh", "0"]
+    _ok(_run([bin_dir / "winpos-predict", *common, "--input", "img.png", "--output", "preds"], cwd=work))
+    assert (work / "preds" / "img.png").is_file()
+    assert len(json.loads((work / "preds" / "predictions.json").read_text())) == 1
+    video = _ok(_run([bin_dir / "winpos-predict", *common, "--video-input", "clip.mp4", "--output", "vpreds"],
+                     cwd=work))
+    assert "3 frames" in video.stdout and (work / "vpreds" / "clip.mp4").is_file()
