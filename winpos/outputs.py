@@ -30,8 +30,9 @@ location must be writable.
   writing and the later one silently replacing part of the other's results;
 - every file ``atomic_write`` publishes inside a claimed folder (and every file ``publish_folder`` moves there) is
   listed in the folder's manifest, ``.winpos-outputs.json``; a folder whose manifest lists files is refused unless
-  ``force``, and ``force`` first removes exactly those files (an earlier sweep's ``size_96/`` goes with it, a
-  file of the user's stays).
+  ``force``, and with ``force`` exactly those files are replaced: the ones the new run does not write again are
+  removed by ``OutputFolder.finish`` when its outputs are complete (an earlier sweep's ``size_96/`` goes, a file
+  of the user's stays, and a run that fails half way leaves the earlier files where they were).
 """
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ from winpos.errors import WinposError
 
 __all__ = ["atomic_write", "atomic_write_text", "atomic_write_json", "atomic_savefig", "EXEMPT_MARK", "WriteError",
            "check_output_file", "check_output_dir", "same_file", "remove_stale_temps", "LOCK_NAME", "MANIFEST_NAME",
-           "lock_folder", "OutputFolder", "claim_output_dir", "adopt_output_dir", "release_output_dir", "publish_folder", "clear_outputs",
+           "lock_folder", "OutputFolder", "claim_output_dir", "adopt_output_dir", "finish_output_dir",
+           "release_output_dir", "publish_folder", "clear_outputs",
            "as_write_error"]
 
 LOCK_NAME = ".winpos-run.lock"
@@ -325,11 +327,16 @@ def _read_manifest(folder: Path) -> list[str]:
 
 
 class OutputFolder:
-    """A folder this process claimed (``claim_output_dir``): locked, with a manifest of the files written there."""
+    """A folder this process claimed (``claim_output_dir``): locked, with a manifest of the files written there.
+
+    ``files`` is the manifest (kept on disk after every write); ``stale`` the earlier outputs a ``force`` claim
+    replaces: they stay until ``finish`` (the new outputs are complete), so a run that fails leaves them."""
 
     def __init__(self, path: Path, lock_fd: int | None):
         self.path, self._fd = Path(path), lock_fd
         self.files = _read_manifest(self.path)
+        self.fresh: list[str] = []
+        self.stale: set[str] = set()
 
     def written(self) -> list[str]:
         """The manifest's files that exist (relative to the folder)."""
@@ -337,15 +344,20 @@ class OutputFolder:
 
     def record(self, path) -> None:
         rel = os.path.relpath(os.path.abspath(path), os.path.abspath(self.path))
-        if rel in self.files or rel == MANIFEST_NAME or rel.startswith(".."):
+        if rel == MANIFEST_NAME or rel.startswith(".."):
             return
-        self.files.append(rel)
-        atomic_write_json(self.path / MANIFEST_NAME, {"files": self.files})
+        if rel not in self.fresh:
+            self.fresh.append(rel)
+        if rel not in self.files:
+            self.files.append(rel)
+            atomic_write_json(self.path / MANIFEST_NAME, {"files": self.files})
 
-    def clear(self) -> list[str]:
-        """Remove every file the manifest lists, and the sub-folders that this leaves empty; returns them."""
-        removed = clear_outputs(self.path)
-        self.files = []
+    def finish(self) -> list[str]:
+        """The new outputs are complete: remove the earlier ones they did not replace (``stale``), and the
+        sub-folders this empties; the manifest then lists this run's files. Returns the names removed."""
+        removed = _remove(self.path, [n for n in sorted(self.stale) if n not in self.fresh])
+        self.stale, self.files = set(), list(self.fresh)
+        atomic_write_json(self.path / MANIFEST_NAME, {"files": self.files})
         return removed
 
     def release(self) -> None:
@@ -355,11 +367,7 @@ class OutputFolder:
             self._fd = None
 
 
-def clear_outputs(folder, also: Iterable[str] = ()) -> list[str]:
-    """Remove the files listed in ``folder``'s manifest (plus the relative names in ``also``), the sub-folders
-    this leaves empty, and the manifest; returns the names removed. Nothing else in the folder is touched."""
-    folder = Path(folder)
-    names = list(dict.fromkeys(_read_manifest(folder) + list(also)))
+def _remove(folder: Path, names) -> list[str]:
     removed = []
     for name in names:
         p = folder / name
@@ -371,6 +379,14 @@ def clear_outputs(folder, also: Iterable[str] = ()) -> list[str]:
         while parent != folder and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
+    return removed
+
+
+def clear_outputs(folder, also: Iterable[str] = ()) -> list[str]:
+    """Remove the files listed in ``folder``'s manifest (plus the relative names in ``also``), the sub-folders
+    this leaves empty, and the manifest; returns the names removed. Nothing else in the folder is touched."""
+    folder = Path(folder)
+    removed = _remove(folder, list(dict.fromkeys(_read_manifest(folder) + list(also))))
     (folder / MANIFEST_NAME).unlink(missing_ok=True)
     return removed
 
@@ -394,9 +410,10 @@ def _record(path: str) -> None:
 def claim_output_dir(path, planned: Iterable[str] = (), force: bool = False, flag: str = "--output",
                      input_files: Iterable = (), lock: bool = True) -> OutputFolder:
     """``check_output_dir``, then lock the folder for this process and apply its manifest: a folder whose manifest
-    lists existing files is refused unless ``force``; with ``force`` those files (and the ``planned`` names) are
-    removed first. ``lock=False`` for a folder inside one this process already locked. Returns the claim (also
-    found by ``atomic_write``, which records into it)."""
+    lists existing files is refused unless ``force``. With ``force`` those files (and the ``planned`` names) are
+    replaced: whatever the new run does not write again is removed by ``claim.finish()`` once its outputs are
+    complete, so a failed run leaves the earlier files. ``lock=False`` for a folder inside one this process already
+    locked. Returns the claim (also found by ``atomic_write``, which records into it)."""
     planned = list(planned)
     out = check_output_dir(path, input_files=input_files, planned=planned, force=force, flag=flag)
     key = str(out.resolve()) if out.exists() else None
@@ -414,8 +431,7 @@ def claim_output_dir(path, planned: Iterable[str] = (), force: bool = False, fla
         raise WinposError(f"{flag} {out} already holds the outputs of an earlier run ({len(earlier) or len(again)} "
                           f"files, e.g. {example}); pass --force to replace them, or choose another folder")
     if force:
-        clear_outputs(out, also=planned)
-        claim.files = []
+        claim.stale = set(earlier) | set(again) | {n for n in planned if (out / n).exists()}
     _claimed[str(out.resolve())] = claim
     return claim
 
@@ -427,6 +443,12 @@ def adopt_output_dir(path) -> OutputFolder:
     if key not in _claimed:
         _claimed[key] = OutputFolder(Path(path), None)
     return _claimed[key]
+
+
+def finish_output_dir(path) -> list[str]:
+    """``finish`` this process's claim on ``path`` (no claim: nothing to do); returns the earlier files removed."""
+    claim = _claimed.get(str(Path(path).resolve()))
+    return claim.finish() if claim is not None else []
 
 
 def release_output_dir(path) -> None:

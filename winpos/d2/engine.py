@@ -48,7 +48,7 @@ from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_ear
 from winpos.d2.startup import plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import NOTES_ENV, WinposError, launched_failure, run_reporting
-from winpos.outputs import atomic_write, claim_output_dir
+from winpos.outputs import atomic_write, claim_output_dir, finish_output_dir
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",
            "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
@@ -415,8 +415,9 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     if changes and comm.is_main_process():
         kept = keep_earlier_config(output_dir, start_iter)
         save_config(cfg)
-        logger.warning("resuming with " + ", ".join(f"{k}={here!r} (the run had {saved!r})" for k, here, saved in changes)
-                       + f" from iteration {start_iter}: config.yaml now says so; the earlier one is kept as {kept}")
+        said = ", ".join(f"{k}={here!r} (the run had {saved!r})" for k, here, saved in changes)
+        logger.warning(f"resuming with {said}"
+                       f" from iteration {start_iter}: config.yaml now says so; the earlier one is kept as {kept}")
     if start_iter >= cfg.train.max_iter:
         if not (resuming and eval_after_train):
             logger.info(f"checkpoint is at iteration {start_iter}, train.max_iter={cfg.train.max_iter}: nothing to "
@@ -448,7 +449,10 @@ def main(args):
         model = build_model(cfg)
         model = _ddp(model, cfg)
         load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
-        return do_test(cfg, model)
+        results = do_test(cfg, model)
+        if comm.is_main_process() and cfg.train.output_dir:
+            finish_output_dir(os.path.join(cfg.train.output_dir, "inference"))  # --force: earlier files not rewritten
+        return results
     return do_train(cfg, resume=args.resume, force=getattr(args, "force", False))
 
 

@@ -27,9 +27,11 @@ from omegaconf import OmegaConf
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_num_classes
 from winpos.errors import WinposError
-from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, claim_output_dir, publish_folder
+from winpos.outputs import (as_write_error, atomic_savefig, atomic_write, check_output_dir, claim_output_dir,
+                            publish_folder)
 
-__all__ = ["build_coco_evaluator", "StagedCOCOEvaluator", "set_test_size", "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
+__all__ = ["build_coco_evaluator", "StagedCOCOEvaluator", "set_test_size",
+           "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
            "plot_sweeps", "measure_fps", "sweep_table", "load_sweeps"]
 
 logger = logging.getLogger(__name__)
@@ -320,20 +322,24 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
     load_init_checkpoint(WinposCheckpointer(model), checkpoint)
     model.eval()
     # last of the checks, first of the writes: the folder is held from here until the process ends
-    claim_output_dir(output_dir, planned=planned + ["instances_predictions.pth", "coco_instances_results.json"],
-                     force=force)
+    claim = claim_output_dir(output_dir, planned=planned + ["instances_predictions.pth", "coco_instances_results.json"],
+                             force=force)
     if sizes:
         label = label or _run_label(cfg)
         title = f"{os.path.basename(str(config_file))}\n{os.path.basename(str(checkpoint))}"
-        return resolution_sweep(cfg, model, sizes, output_dir, fps=fps, progress=progress, label=label,
-                                compare=compare_runs, title=title, warmup=warmup)
-    results = dict(evaluate(cfg, model, output_dir, progress))
-    if fps:
-        results["fps"] = measure_fps(cfg, model, warmup=warmup)
-    if comm.is_main_process():
-        os.makedirs(output_dir, exist_ok=True)
-        atomic_write(os.path.join(output_dir, "results.json"), lambda f: json.dump(_json_safe(results), f, indent=2),
-                     "w")
+        results = resolution_sweep(cfg, model, sizes, output_dir, fps=fps, progress=progress, label=label,
+                                   compare=compare_runs, title=title, warmup=warmup)
+    else:
+        results = dict(evaluate(cfg, model, output_dir, progress))
+        if fps:
+            results["fps"] = measure_fps(cfg, model, warmup=warmup)
+        if comm.is_main_process():
+            os.makedirs(output_dir, exist_ok=True)
+            atomic_write(os.path.join(output_dir, "results.json"),
+                         lambda f: json.dump(_json_safe(results), f, indent=2), "w")
+    removed = claim.finish()  # the earlier outputs this evaluation did not write again (with force)
+    if removed:
+        logger.info(f"removed {len(removed)} earlier outputs of {output_dir} (--force): {', '.join(removed[:4])}")
     return results
 
 
