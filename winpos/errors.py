@@ -125,9 +125,11 @@ QUIET_WARNINGS = (
     (r".*torch\.jit\.script.* is deprecated", DeprecationWarning),
     (r"torch\.meshgrid: in an upcoming release", UserWarning),  # detectron2's anchor generator
     (r"Importing from timm\.models\.layers is deprecated", FutureWarning),  # hiera-transformer imports old timm
+    (r"`broadcast_buffers` is deprecated", FutureWarning),  # detectron2's create_ddp_model (several processes)
 )
 QUIET_LOGGERS = {"torch.fx._symbolic_trace": "is_fx_tracing will return true",  # detectron2's fx wrap check
-                 "torch.utils.cpp_extension": "No CUDA runtime is found"}  # detectron2's environment collection
+                 "torch.utils.cpp_extension": "No CUDA runtime is found",  # detectron2's environment collection
+                 "torch.multiprocessing.spawn": "Terminating process"}  # a failed process's siblings (said by us)
 
 
 class _DropMessage:
@@ -212,6 +214,7 @@ def run_reporting(main: Callable, *args):
     """Run ``main(*args)`` in a launched process; an exception becomes a note in ``$WINPOS_PROCESS_NOTES`` (the
     process's rank, exit status, one line, and for a bug its traceback) and ``SystemExit`` with that status, so
     the parent prints one line (``launched_failure``) instead of one traceback per process."""
+    quiet_third_party_warnings()
     try:
         return main(*args)
     except (KeyboardInterrupt, SystemExit):

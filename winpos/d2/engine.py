@@ -474,13 +474,20 @@ def launch_main(args, main_func=main):
     from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
 
     with tempfile.TemporaryDirectory(prefix="winpos-notes-") as notes:
-        os.environ[NOTES_ENV] = notes  # the spawned processes inherit it
+        before = os.environ.get("PYTHONWARNINGS")
+        os.environ[NOTES_ENV] = notes  # the spawned processes inherit both
+        # detectron2 warns of this on import, before a spawned process runs any winpos code
+        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, "ignore:`torch.jit.script` is deprecated"]))
         try:
             return launch(run_reporting, args.num_gpus, args=(main_func, args), **common)
         except (ProcessExitedException, ProcessRaisedException) as e:
             raise launched_failure(e, notes) from None
         finally:
             os.environ.pop(NOTES_ENV, None)
+            if before is None:
+                os.environ.pop("PYTHONWARNINGS", None)
+            else:
+                os.environ["PYTHONWARNINGS"] = before
 
 
 if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
