@@ -13,8 +13,11 @@ have the type of the one it replaces. Flags go before the overrides. --eval-only
 (or --random-weights to evaluate the untrained model on purpose). Runs on the CPU when there is no GPU (--num-gpus
 N then starts N CPU processes over gloo). A train.output_dir that holds another run (checkpoints, metrics.json,
 config.yaml) is refused unless --resume or --force, and one that a running winpos-train holds is refused naming it
-(winpos.d2.run_dir). Bad input: one "error:" line and exit status 2. The logic is in
-winpos.d2.engine.
+(winpos.d2.run_dir). --resume continues the run exactly (every process's RNG state is saved) and refuses a change of
+seed, total batch, model, optimizer or schedule naming it (train.max_iter may change: said, and config.yaml
+rewritten); on a run trained to the end but not evaluated it runs the final evaluation. --eval-only does not
+replace the evaluation already in train.output_dir/inference without --force. Bad input: one "error:" line and exit
+status 2, also with --num-gpus N. The logic is in winpos.d2.engine.
 """
 import argparse
 import sys
@@ -45,7 +48,8 @@ def build_parser():
                              "categories (checked at start)")
     parser.add_argument("--force", action="store_true",
                         help="replace the run already in train.output_dir (its checkpoints, metrics and config are "
-                             "removed first); without it such a folder is refused unless --resume")
+                             "removed first), or with --eval-only the evaluation in train.output_dir/inference; "
+                             "without it such a folder is refused unless --resume")
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value (after every flag)")
     return parser
 
