@@ -27,7 +27,7 @@ def test_the_printed_fix_works_when_pasted():
     assert override == "model.backbone.net.recipe=paper"
     assert diagnose(cfg, overrides=[override]).ok
     fix = diagnose("vitdet_b", 448).fix
-    flags = re.search(r"posemb_viz\.py doctor vitdet_b (--recipe \S+)", fix).group(1).split()
+    flags = re.search(r"winpos-posemb doctor vitdet_b (--recipe \S+)", fix).group(1).split()
     assert not diagnose("vitdet_b", 448).ok and diagnose("vitdet_b", 448, recipe=flags[1]).ok
 
 
