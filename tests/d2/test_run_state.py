@@ -140,3 +140,22 @@ def test_eval_only_with_another_checkpoint_does_not_replace_the_runs_evaluation(
     after = (out / "inference" / "instances_predictions.pth").read_bytes()
     assert after != before["instances_predictions.pth"]
     assert zipfile.is_zipfile(out / "inference" / "instances_predictions.pth")  # whole (a torch zip archive)
+
+
+def test_a_run_whose_final_checkpoint_fails_is_not_evaluated(mini, tmp_path, monkeypatch):
+    from winpos.d2.checkpoint import WinposCheckpointer
+    from winpos.outputs import WriteError
+
+    save = WinposCheckpointer.save
+
+    def full_disk(self, name, **kwargs):
+        if name == "model_final":
+            raise WriteError(28, f"could not write {self.save_dir}/model_final.pth (No space left on device)")
+        return save(self, name, **kwargs)
+
+    monkeypatch.setattr(WinposCheckpointer, "save", full_disk)
+    evaluated = []
+    monkeypatch.setattr(engine, "do_test", lambda cfg, model, progress=False: evaluated.append(1) or {"bbox": {}})
+    with pytest.raises(WriteError, match="model_final.pth"):
+        engine.do_train(_cfg(tmp_path / "run"))
+    assert evaluated == [] and not (tmp_path / "run" / FINAL_RESULTS).exists()  # never-saved weights: no AP

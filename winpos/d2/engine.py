@@ -313,6 +313,17 @@ class ResumableWriter(hooks.PeriodicWriter):
                          TensorboardXWriter(self._output_dir, **tb)]
 
 
+class FinalEvalHook(hooks.EvalHook):
+    """detectron2's ``EvalHook``, except that the evaluation after training runs only when training completed:
+    detectron2's also runs it after a failure in the last iteration (a final checkpoint that could not be written),
+    evaluating weights that were never saved."""
+
+    def after_train(self):
+        if self.trainer.iter < self.trainer.max_iter:  # the loop ends with iter == max_iter only when it completed
+            self._eval_after_train = False
+        super().after_train()
+
+
 def warmup_step_schedule(max_iter: int, warmup: int, last_fraction: float = 0.15):
     """A short run's lr multiplier (the reproduction's runs): linear warmup over ``warmup`` iterations (at most half
     the run) from 0.001, then 1, and x0.1 for the last ``last_fraction`` of the run when it has room for a step."""
@@ -403,7 +414,7 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
         hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
         CaptureRNG(rng, cfg.train.checkpointer.period, cfg.train.max_iter),  # every rank's, for the checkpoint
         hooks.PeriodicCheckpointer(checkpointer, **cfg.train.checkpointer) if comm.is_main_process() else None,
-        hooks.EvalHook(cfg.train.eval_period, test_and_keep, eval_after_train=eval_after_train),
+        FinalEvalHook(cfg.train.eval_period, test_and_keep, eval_after_train=eval_after_train),
         ResumableWriter(output_dir, cfg.train.max_iter, cfg.train.log_period) if comm.is_main_process() else None,
     ])
     if resuming:
