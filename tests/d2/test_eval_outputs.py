@@ -14,8 +14,6 @@ import torch
 
 import winpos.d2  # noqa: F401 - registrations
 from tests.bad_inputs_helpers import ROOT, _env, assert_one_line_error, tool
-from winpos.errors import WinposError
-from winpos.outputs import MANIFEST_NAME, atomic_write_text, claim_output_dir, release_output_dir
 
 CONFIG = ROOT / "configs" / "shapes" / "reproduce_hieradet.py"
 EVAL_FILES = ("instances_predictions.pth", "coco_instances_results.json", "results.json")
@@ -83,6 +81,9 @@ def test_a_second_evaluation_into_a_folder_being_written_is_refused(setup, tmp_p
 
 
 def test_force_replaces_exactly_what_the_earlier_evaluation_wrote(tmp_path):
+    from winpos.errors import WinposError
+    from winpos.outputs import MANIFEST_NAME, atomic_write_text, claim_output_dir, release_output_dir
+
     out = tmp_path / "sweep"
     claim = claim_output_dir(out, planned=["resolution_sweep.json"])
     for name in ("resolution_sweep.json", "size_64/coco_instances_results.json", "size_96/coco_instances_results.json"):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.bad_inputs_helpers import ROOT, _env, assert_one_line_error
-from winpos.errors import EXIT_FAILED, EXIT_USAGE, ProcessFailed, launched_failure
+from winpos.errors import EXIT_FAILED, EXIT_USAGE
 
 TRAIN = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--config-file",
          str(ROOT / "configs" / "shapes" / "reproduce_hieradet.py")]
@@ -37,13 +37,13 @@ def test_a_two_process_resume_equals_the_uninterrupted_run(tmp_path):
     for name in ("model_0000001.pth", "model_final.pth"):
         (b / name).unlink()
     (b / "last_checkpoint").write_text("model_0000000.pth")
-    saved = torch.load(b / "model_0000000.pth", weights_only=True)["rng"]
-    assert len(saved["ranks"]) == 2 and not torch.equal(saved["ranks"][0]["torch"], saved["ranks"][1]["torch"])
     res = _train(b, "--resume")
     assert res.returncode == 0, res.stderr[-3000:]
     wa = torch.load(a / "model_final.pth", weights_only=True)["model"]
     wb = torch.load(b / "model_final.pth", weights_only=True)["model"]
     assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
+    saved = torch.load(b / "model_0000000.pth", weights_only=True)["rng"]  # why: both ranks' streams are saved
+    assert len(saved["ranks"]) == 2 and not torch.equal(saved["ranks"][0]["torch"], saved["ranks"][1]["torch"])
 
 
 def test_a_refusal_under_two_processes_is_one_error_line(tmp_path):
@@ -61,6 +61,8 @@ def _note(folder, rank, status, line, bug=False, traceback=""):
 
 
 def test_launched_failure_prefers_the_cause_over_the_errors_it_caused(tmp_path, capsys):
+    from winpos.errors import ProcessFailed, launched_failure
+
     _note(tmp_path, 0, EXIT_FAILED, "RuntimeError: Connection closed by peer", bug=True, traceback="Traceback ...\n")
     _note(tmp_path, 1, EXIT_FAILED, "could not write /x/model_0000000.pth (File too large); nothing was written")
     failure = launched_failure(RuntimeError("process 1 terminated"), tmp_path)
@@ -71,6 +73,8 @@ def test_launched_failure_prefers_the_cause_over_the_errors_it_caused(tmp_path, 
 
 def test_launched_failure_names_a_killed_process_and_a_bug_keeps_one_traceback(tmp_path, capsys):
     from torch.multiprocessing import ProcessExitedException
+
+    from winpos.errors import launched_failure
 
     killed = ProcessExitedException("process 1 terminated with signal SIGKILL", error_index=1, error_pid=7,
                                     exit_code=-9, signal_name="SIGKILL")
