@@ -42,7 +42,7 @@ def test_a_two_process_resume_equals_the_uninterrupted_run(tmp_path):
     wa = torch.load(a / "model_final.pth", weights_only=True)["model"]
     wb = torch.load(b / "model_final.pth", weights_only=True)["model"]
     assert [k for k in wa if not torch.equal(wa[k], wb[k])] == []
-    saved = torch.load(b / "model_0000000.pth", weights_only=True)["rng"]  # why: both ranks' streams are saved
+    saved = torch.load(b / "model_0000000.pth", weights_only=True)["rng"]  # what makes it exact: both ranks' streams
     assert len(saved["ranks"]) == 2 and not torch.equal(saved["ranks"][0]["torch"], saved["ranks"][1]["torch"])
 
 

@@ -45,7 +45,7 @@ from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
 from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_earlier_config, lock_run_dir,
                                read_final_results, write_final_results)
-from winpos.d2.startup import plan_of, start_up_block
+from winpos.d2.startup import check_schedule, plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import NOTES_ENV, WinposError, launched_failure, run_reporting
 from winpos.outputs import atomic_write, claim_output_dir, finish_output_dir
@@ -82,8 +82,12 @@ def register_cli_datasets(specs) -> None:
         report = register_coco(name, json_file, image_root, on_error="skip")
         if not report.dataset.get("images") or not report.dataset.get("annotations"):
             what = "images" if not report.dataset.get("images") else "annotations"
-            raise WinposError(f"--dataset {spec}: no usable {what} remain after dropping the bad entries ({report.summary()}); fix the json or the image "
-                              "folder")
+            if report.ok:  # nothing was dropped: the json itself has none
+                n = len(report.dataset.get("images") or ())
+                raise WinposError(f"--dataset {spec}: {json_file} lists {n} images and no {what}; a dataset to train "
+                                  "or evaluate on needs annotated objects: pass a json with annotations")
+            raise WinposError(f"--dataset {spec}: no usable {what} remain after dropping the bad entries "
+                              f"({report.summary()}); fix the json or the image folder")
         if not report.ok:
             logger.warning(f"dataset {name}: {report.summary()}")
 
@@ -382,6 +386,7 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     missing (the run was stopped before or while writing it).
     """
     plan = plan_of(cfg, comm.get_world_size())  # refuses a batch the processes and accumulation cannot make
+    check_schedule(cfg)
     if comm.is_main_process():
         logger.info(start_up_block(cfg, comm.get_world_size(), cfg.train.device))
         claim_run_dir(cfg.train.output_dir, resume=resume, force=force)

@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from winpos.errors import WinposError
 
 __all__ = ["BatchPlan", "batch_plan", "plan_of", "start_up_block", "check_before_launch", "check_coco_present",
-           "COCO_EPOCH_IMAGES"]
+           "check_schedule", "COCO_EPOCH_IMAGES"]
 
 COCO_EPOCH_IMAGES = 118000  # detectron2's epoch arithmetic for coco_2017_train: 184375 x 64 / 118000 = 100 epochs
 RECIPE_KEYS = ("model.backbone.net", "model.backbone.bottom_up")  # ViTDet (SimpleFeaturePyramid) / HieraDet (FPN)
@@ -59,6 +59,33 @@ def plan_of(cfg, world_size: int) -> BatchPlan:
     """The ``BatchPlan`` of a loaded training config on ``world_size`` processes."""
     accum = OmegaConf.select(cfg, "train.grad_accum_steps", default=1)
     return batch_plan(cfg.dataloader.train.total_batch_size, world_size, accum)
+
+
+def check_schedule(cfg) -> None:
+    """Refuse, in one line each, schedule values that detectron2 and fvcore would meet with a ZeroDivisionError, a
+    bare assertion or a torch traceback mid-run, or silently skip: ``train.max_iter``, ``train.checkpointer.period``
+    and ``train.log_period`` below 1, ``train.checkpointer.max_to_keep`` below 1, ``train.eval_period`` below 0, and
+    an ``optimizer.lr`` that is not a finite positive number."""
+    import math
+
+    def whole(key, low, meaning, optional=False):
+        value = OmegaConf.select(cfg, key, default=None)
+        if value is None and optional:
+            return
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise WinposError(f"{key}={value!r} must be an integer >= {low} ({meaning})")
+
+    whole("train.max_iter", 1, "the number of iterations to train; --eval-only evaluates without training")
+    whole("train.checkpointer.period", 1, "iterations between checkpoints; a period longer than the run saves only "
+          "model_final.pth")
+    whole("train.log_period", 1, "iterations between metrics lines")
+    whole("train.checkpointer.max_to_keep", 1, "how many periodic checkpoints to keep; None keeps them all",
+          optional=True)
+    whole("train.eval_period", 0, "iterations between evaluations; 0 evaluates only after training", optional=True)
+    lr = OmegaConf.select(cfg, "optimizer.lr", default=None)
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr)
+                           or lr <= 0):
+        raise WinposError(f"optimizer.lr={lr!r} must be a finite number > 0 (e.g. optimizer.lr=1e-4)")
 
 
 def _amp(cfg) -> str:
@@ -130,11 +157,12 @@ def check_coco_present(cfg) -> None:
 
 def check_before_launch(args) -> None:
     """Refuse, before any process starts, a total batch that ``--num-gpus x --num-machines`` processes and the
-    config's accumulation cannot make, and a COCO dataset that is not on disk (a refusal inside launched processes
-    would be one traceback per rank)."""
+    config's accumulation cannot make, schedule values that cannot run (``check_schedule``), and a COCO dataset
+    that is not on disk (a refusal inside launched processes would be one traceback per rank)."""
     from winpos.d2.config import load_config
 
     cfg = load_config(args.config_file, args.opts)
     if not getattr(args, "eval_only", False):
         plan_of(cfg, args.num_gpus * args.num_machines)
+        check_schedule(cfg)
     check_coco_present(cfg)
