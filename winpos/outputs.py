@@ -125,7 +125,6 @@ def atomic_write(path, write: Callable, mode: str = "wb") -> None:
                 linked = True
         os.replace(tmp, path)
         _fsync_dir(folder)
-        _record(path)
     except BaseException as e:
         if fd is not None:
             os.close(fd)
@@ -136,6 +135,7 @@ def atomic_write(path, write: Callable, mode: str = "wb") -> None:
         if error is not None:
             raise error from e
         raise
+    _record(path)  # after the file is in place: a failure to list it is not a failure to write it
 
 
 def as_write_error(e: BaseException, what: str, state: str) -> "WriteError | None":
