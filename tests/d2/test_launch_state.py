@@ -100,3 +100,14 @@ def test_run_reporting_turns_an_error_into_a_note_and_a_status(tmp_path, monkeyp
     assert stop.value.code == EXIT_USAGE
     note = json.loads((tmp_path / "rank0.json").read_text())
     assert note["line"] == "train.seed=-1 is negative; set a seed >= 0" and not note["bug"]
+
+
+def test_a_checkpoint_from_before_the_per_rank_states_still_resumes():
+    from winpos.d2.checkpoint import RNGState
+
+    torch.manual_seed(5)
+    flat = RNGState().state_dict()["ranks"][0]  # the earlier layout: one process's states at the top level
+    expected = torch.rand(3)
+    torch.manual_seed(6)
+    RNGState().load_state_dict(flat)
+    assert torch.equal(torch.rand(3), expected)
