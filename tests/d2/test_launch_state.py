@@ -3,7 +3,7 @@ because every rank's RNG state is in the checkpoint, and a refusal or failure is
 status of one process (2 bad input, 1 failed while working), not a traceback per process.
 
 The oracle for the resume is the uninterrupted 2-process run itself (the run is deterministic: the audit found two
-uninterrupted runs bit-identical). About 45 s on 2 busy CPU cores (three 2-process launches of the 64 px toy run, 2
+uninterrupted runs bit-identical). About 40 s on 2 busy CPU cores (three 2-process launches of the 64 px toy run, 2
 iterations at one image per process).
 """
 import shutil
