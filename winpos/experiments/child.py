@@ -2,7 +2,9 @@
 
 The torch thread count is set once, from the spec, before any work, and never changed. Progress goes to stdout as
 ``[progress] ...`` lines (the pool relays them). The result is written atomically to ``<out>/result.json`` last,
-so a folder with a result is a finished run.
+sealed with a hash of itself and the run's identity, so a folder with a result is a finished run; then the files
+no report reads (intermediate checkpoints, the init copy, and with ``keep_weights`` False the final weights) are
+deleted.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def _progress_hook(every: int):
 
 
 def run_stage0(spec: dict) -> dict:
-    """Stage 0 (``winpos.experiments.pretrain``) on the detector's own backbone; writes ``backbone.pth`` (the trunk's
+    """Stage 0 (``winpos.experiments.pretrain``) on the detector's own backbone with the spec's ``encoding`` (default
+    the absolute embedding of ``abs_learned``); writes ``backbone.pth`` (the trunk's
     state dict) and returns the history and reliance numbers."""
     import torch
 
@@ -37,7 +40,7 @@ def run_stage0(spec: dict) -> dict:
     from winpos.experiments.protocol import PRETRAIN_SHAPES, PRETRAIN_SIZE, build_cfg
     from winpos.outputs import atomic_write
 
-    detect = dict(spec, encoding="abs_learned", size=PRETRAIN_SIZE, shapes=dict(PRETRAIN_SHAPES), lr=1e-3,
+    detect = dict(spec, encoding=spec.get("encoding", "abs_learned"), size=PRETRAIN_SIZE, shapes=dict(PRETRAIN_SHAPES), lr=1e-3,
                   iters=0, init="")
     cfg = build_cfg(detect)
     global_blocks = spec.get("global_blocks", True)
@@ -122,6 +125,7 @@ def main(spec: dict) -> None:
     quiet_third_party_warnings()
     torch.set_num_threads(int(spec.get("threads", 1)))  # fixed for the whole run
     t0 = time.time()
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
     if spec["kind"] == "stage0":
         out = {"spec": spec, **run_stage0(spec)}
     else:
@@ -133,7 +137,11 @@ def main(spec: dict) -> None:
     # do_train (detection) and pretrain (stage 0) seed torch, numpy and random from the spec's seed, so this run is
     # repeatable bit for bit; results without this field predate the seeding and are one random draw each
     out["global_rng_seeded"] = True
-    atomic_write_json(Path(spec["out"]) / "result.json", out)
+    out["started_utc"] = started  # when this run (the attempt that finished it) began, for declared tests
+    from winpos.experiments.runs import RESULT, prune, seal
+
+    atomic_write_json(Path(spec["out"]) / RESULT, seal(out, spec))
+    prune(spec)
 
 
 if __name__ == "__main__":

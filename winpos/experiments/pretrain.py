@@ -1,12 +1,17 @@
-"""Stage 0 of the reproduction: Hiera-style masked pretraining of the detector's backbone, from a random-start
-absolute embedding, so that the embedding's window pattern is *learned*, not planted.
+"""Stage 0 of the reproduction: self-supervised pretraining of the detector's backbone with its own position
+encoding, from a random start, so that an absolute embedding's window pattern is *learned*, not planted.
 
-What makes Hiera's embedding window-periodic is an objective that needs the layout inside each attention window
-while the weights of that window's computation are shared by every window. This stage builds exactly that, at the
-scale of the shapes data (64 px images, a 16x16 token grid at stride 4, 4x4-token windows in stage 1):
+The main objective is a **unit-layout autoencoder** (mask ratio 0, loss on every unit: nothing is masked). It is
+*not* Hiera's MAE; it was built so that a window-periodic embedding is the best answer, which is the premise the
+reproduction needs to test the bug on a learned embedding. Hiera's MAE (half the units masked, loss on the masked
+units only) is kept as a labelled variant (``loss_on="masked"``); at 800 iterations it learns no window pattern.
 
-* **Mask units are the stage-1 windows** (4x4 tokens = 16x16 px), as in Hiera's MAE. A fraction ``mask_ratio`` of
-  them is blanked in the image (so the overlapping 7x7 patch embedding of a visible neighbour cannot see it) and
+The objective needs the layout inside each attention window while the weights of that window's computation are
+shared by every window. At the scale of the shapes data (64 px images, a 16x16 token grid at stride 4, 4x4-token
+windows in stage 1):
+
+* **Units are the stage-1 windows** (4x4 tokens = 16x16 px), as Hiera's mask units. With ``mask_ratio`` > 0 a
+  fraction of them is blanked in the image (so the overlapping 7x7 patch embedding of a visible neighbour cannot see it) and
   its tokens are replaced by one learned mask token before the position embedding is added.
 * **Targets are per unit**: the mean RGB of each of the unit's 4x4 tokens (48 values), normalised over the unit
   (mean 0, variance 1), so the target *is* the layout inside the unit, not its brightness or colour.
@@ -14,13 +19,14 @@ scale of the shapes data (64 px images, a 16x16 token grid at stride 4, 4x4-toke
   and predicts that unit's 48 values. Between the stage-1 windows and that token lie two 2x2 max-pools, which
   lose where inside the unit a feature was, unless the tokens carry it: the position embedding is the only
   source of within-unit position, and since every window runs the same weights, the most useful embedding
-  repeats with the window period.
+  repeats with the window period. A backbone without a token embedding (RoPE, LookHere) gets within-unit position
+  from its attention terms instead; stage 0 trains those with the same objective and budget.
 * The loss is taken over the masked units only (``loss_on="masked"``, Hiera's MAE) or over every unit
   (``"all"``: the masked ones are inpainted, the visible ones autoencoded; with ``mask_ratio`` 0 plain unit
   autoencoding).
 
-Readouts: WS@window (window similarity, centred) of the embedding every ``log_every`` iterations, and the
-*reliance* of the trained backbone on it: the held-out loss with the embedding as learned, set to zero, rolled by
+Readouts (for a backbone with an absolute embedding; None for one without): WS@window (window similarity,
+centred) of the embedding every ``log_every`` iterations, and the *reliance* of the trained backbone on it: the held-out loss with the embedding as learned, set to zero, rolled by
 one token (the pattern misaligned with the windows, which is what a naive resize does) and rolled by one window
 (aligned again). The result is a whole detector checkpoint (heads untrained) that stage 1 starts from.
 """
@@ -100,12 +106,20 @@ def model_embedding_grid(net) -> torch.Tensor:
     """The learned absolute embedding of ``net`` as a ``(C, g, g)`` tensor (a view of the parameter's data)."""
     pe = getattr(net.pos_embed, "pos_embed", None)
     if pe is None or net.pos_embed_kind != "abs":
-        raise WinposError("stage 0 needs a backbone with pos_embed='abs' (a learned absolute embedding)")
+        raise WinposError("the window similarity of stage 0 needs a backbone with pos_embed='abs' (a learned "
+                          "absolute embedding); this one has none")
     g = math.isqrt(pe.shape[1])
     return pe.detach()[0].reshape(g, g, -1).permute(2, 0, 1)
 
 
-def window_ws(net) -> float:
+def has_abs_embedding(net) -> bool:
+    return net.pos_embed is not None and net.pos_embed_kind == "abs"
+
+
+def window_ws(net) -> float | None:
+    """WS@window of ``net``'s absolute embedding, None for a backbone without one."""
+    if not has_abs_embedding(net):
+        return None
     from winpos.diagnostics.metrics import window_similarity
 
     return float(window_similarity(model_embedding_grid(net), UNIT, centred=True))
@@ -130,7 +144,8 @@ class Stage0:
         target = unit_targets(images)
         x = net.patch_embed(images * ~px_mask[:, None])  # (B, H/4, W/4, C)
         x = torch.where(tok_mask[..., None], self.mask_token.to(x.dtype), x)
-        x = x + net.pos_embed(tuple(x.shape[1:3]))
+        if net.pos_embed is not None:  # RoPE / LookHere: position enters in the attention of every block
+            x = x + net.pos_embed(tuple(x.shape[1:3]))
         for i, blk in enumerate(net.blocks):
             x = net.run_block(blk, x)
             if i == net.stage_ends[2]:
@@ -176,13 +191,24 @@ def _masks(gen, B, h, w, ratio):
 @torch.no_grad()
 def reliance(stage: Stage0, imgs, mean, std, n: int = 256) -> dict:
     """Held-out loss of the trained backbone with its embedding as learned, zeroed, rolled by one token and rolled
-    by one window (``UNIT`` tokens) along both axes; fixed images and masks for every variant."""
+    by one window (``UNIT`` tokens) along both axes; fixed images and masks for every variant. A backbone without
+    an absolute embedding gets its held-out loss only (``{"learned": loss}``)."""
     gen = torch.Generator().manual_seed(999)
     idx = torch.arange(len(imgs) - n, len(imgs))  # the last n images are never trained on
     x = _batch(imgs, idx, mean, std, torch.zeros(n, dtype=torch.bool))
     h = x.shape[-1] // (PATCH * UNIT)
     ratio = stage.spec.mask_ratio
     masks = _masks(gen, n, h, h, ratio) if ratio > 0 else torch.zeros(n, h, h, dtype=torch.bool)
+
+    def held_out() -> float:
+        return float(sum(stage.loss(x[i:i + 64], masks[i:i + 64]) * len(x[i:i + 64]) for i in range(0, n, 64)) / n)
+
+    if not has_abs_embedding(stage.net):
+        stage.net.eval()
+        try:
+            return {"learned": held_out()}
+        finally:
+            stage.net.train()
     pe = stage.net.pos_embed.pos_embed
     g = math.isqrt(pe.shape[1])
     saved = pe.data.clone()
@@ -195,8 +221,7 @@ def reliance(stage: Stage0, imgs, mean, std, n: int = 256) -> dict:
     try:
         for name, value in variants.items():
             pe.data.copy_(value)
-            out[name] = float(sum(stage.loss(x[i:i + 64], masks[i:i + 64]) * len(x[i:i + 64])
-                                  for i in range(0, n, 64)) / n)
+            out[name] = held_out()
     finally:
         pe.data.copy_(saved)
         stage.net.train()
@@ -205,7 +230,7 @@ def reliance(stage: Stage0, imgs, mean, std, n: int = 256) -> dict:
 
 def pretrain(net, spec: PretrainSpec, pixel_mean, pixel_std, image_cache: str | None = None,
              progress=None) -> dict:
-    """Train ``net`` (a HieraDet with ``pos_embed='abs'``) with the stage-0 objective in place; returns the
+    """Train ``net`` (a HieraDet with any position encoding) with the stage-0 objective in place; returns the
     history (WS@window, loss per ``log_every``), the reliance numbers and the time. ``progress(it, iters, line)`` is
     called every ``log_every`` iterations."""
     spec.validate()
@@ -214,8 +239,10 @@ def pretrain(net, spec: PretrainSpec, pixel_mean, pixel_std, image_cache: str | 
     mean = torch.tensor(pixel_mean, dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(pixel_std, dtype=torch.float32).view(1, 3, 1, 1)
     stage = Stage0(net, spec)
-    pos = [p for n, p in net.named_parameters() if n.startswith("pos_embed.")]
-    rest = [p for n, p in net.named_parameters() if not n.startswith("pos_embed.")]
+    # position parameters (the absolute embedding, relpos tables) take no weight decay; RoPE and LookHere have none
+    is_pos = [n.startswith("pos_embed.") or ".rel_pos_" in n for n, _ in net.named_parameters()]
+    pos = [p for (n, p), flag in zip(net.named_parameters(), is_pos) if flag]
+    rest = [p for (n, p), flag in zip(net.named_parameters(), is_pos) if not flag]
     opt = torch.optim.AdamW([{"params": rest + [stage.mask_token] + list(stage.decoder.parameters())},
                              {"params": pos, "weight_decay": 0.0}],
                             lr=spec.lr, weight_decay=0.05, betas=(0.9, 0.95))
@@ -245,8 +272,9 @@ def pretrain(net, spec: PretrainSpec, pixel_mean, pixel_std, image_cache: str | 
             row = {"iter": it + 1, "ws": window_ws(net), "loss": float(np.mean(losses[-spec.log_every:]))}
             history.append(row)
             if progress is not None:
-                progress(it + 1, spec.iters, f"stage 0 {it + 1}/{spec.iters}: loss {row['loss']:.3f}, "
-                         f"WS@{UNIT} {row['ws']:.3f} ({time.time() - t0:.0f} s)")
+                ws = "" if row["ws"] is None else f", WS@{UNIT} {row['ws']:.3f}"
+                progress(it + 1, spec.iters, f"stage 0 {it + 1}/{spec.iters}: loss {row['loss']:.3f}{ws} "
+                         f"({time.time() - t0:.0f} s)")
     seconds = time.time() - t0
     return {"spec": asdict(spec), "history": history, "reliance": reliance(stage, imgs, mean, std),
             "seconds": seconds, "iters_per_s": spec.iters / seconds}

@@ -225,7 +225,7 @@ def stage2_spec(p: Protocol, row: str, k, condition: str, seed: int) -> dict:
     return dict(name=f"{row}/{condition}/{label(k)}/seed{seed}", kind="detect", config=p.config,
                 encoding=r.pretrained, convert=r.convert, size=check_multiplier(k),
                 shapes=dataset_params(k, condition), iters=p.finetune_iters, seed=seed, lr=p.finetune_lr, init=init,
-                warmup=20, threads=p.threads,
+                warmup=20, threads=p.threads, keep_weights=False,  # nothing starts from a finetuned detector
                 out=str(Path(p.output_dir) / "stage2" / row / condition / label(k) / f"seed{seed}"))
 
 

@@ -7,6 +7,12 @@ made it, reused only when all of it matches.
   reported as a 100-iteration one); a folder with files but no identity is refused too.
 * **Failures.** A run that fails raises ``RunFailed`` (an ``OSError``: the tools exit with status 1, "it failed
   while working", not 2, "bad input") naming its log.
+* **Integrity.** ``result.json`` carries ``integrity``: the SHA-256 of the result and the run's identity. A result
+  edited by hand, or moved into another run's folder, no longer matches and is refused in one line.
+* **Disk.** A finished run keeps what the report and the later stages read: ``result.json``, ``identity.json``, its
+  logs and ``model_final.pth`` (unless its spec says ``keep_weights: False``, as a finetuning run that nothing
+  starts from); periodic checkpoints, the init copy and detectron2's raw predictions are deleted (``prune``). A
+  killed run keeps its checkpoints until it finishes, so it resumes.
 * **Progress.** The child prints a line every ``progress_every`` iterations; the pool relays it with the run's name.
 """
 from __future__ import annotations
@@ -45,6 +51,48 @@ def identity(spec: dict) -> dict:
     ident["config_sha256"] = _file_sha(spec.get("config", ""))
     ident["init_sha256"] = _file_sha(spec.get("init", ""))
     return json.loads(json.dumps(ident))  # tuples -> lists: compared as stored
+
+
+def _digest(result: dict, ident: dict) -> str:
+    import hashlib
+
+    body = {k: v for k, v in result.items() if k != "integrity"}
+    text = json.dumps({"identity": ident, "result": body}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def seal(result: dict, spec: dict) -> dict:
+    """``result`` with its ``integrity`` hash (of the result and ``spec``'s identity as held in its folder)."""
+    path = Path(spec["out"]) / IDENTITY
+    ident = json.loads(path.read_text()) if path.is_file() else identity(spec)
+    result = json.loads(json.dumps(result))  # the form it is stored and read back in
+    return dict(result, integrity=_digest(result, ident))
+
+
+def check_seal(result: dict, ident: dict, path) -> dict:
+    if result.get("integrity") != _digest(result, ident):
+        raise WinposError(f"{path} does not match its integrity hash (edited by hand, or from another run); delete "
+                          f"{Path(path).parent} to run it again")
+    return result
+
+
+_PRUNE = ("model_[0-9]*.pth", "init_*.pth", "inference/instances_predictions.pth",
+          "inference/coco_instances_results.json", "events.out.tfevents.*")
+
+
+def prune(spec: dict) -> list[str]:
+    """Delete what no report or later stage reads from a finished run's folder (see the module docstring); returns
+    the names deleted. Does nothing to an unfinished run."""
+    out = Path(spec["out"])
+    if not (out / RESULT).is_file():
+        return []
+    patterns = _PRUNE + (() if spec.get("keep_weights", True) else ("model_final.pth", "last_checkpoint"))
+    gone = []
+    for pattern in patterns:
+        for path in sorted(out.glob(pattern)):
+            path.unlink()
+            gone.append(str(path.relative_to(out)))
+    return gone
 
 
 def _differences(a: dict, b: dict) -> list[str]:
@@ -87,8 +135,16 @@ def finished(spec: dict) -> dict | None:
             raise WinposError(f"{spec['out']} holds a result with no {IDENTITY} (made by an older winpos); pass "
                               f"another --output, or delete {spec['out']}")
         return None
-    claim(spec)
-    return json.loads(result.read_text()) if result.is_file() else None
+    ident = claim(spec)
+    if not result.is_file():
+        return None
+    try:
+        held = json.loads(result.read_text())
+    except json.JSONDecodeError:
+        raise WinposError(f"{result} is corrupt; delete {spec['out']} to run {spec['name']} again") from None
+    check_seal(held, ident, result)
+    prune(spec)  # a run killed between its result and its clean-up
+    return held
 
 
 def launch(spec: dict, log) -> dict:

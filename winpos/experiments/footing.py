@@ -1,0 +1,420 @@
+"""The equal-footing study (``tools/reproduce.py --equal-footing``): every position encoding pretrained with
+itself, every claim replicated over independently trained detectors.
+
+A **pipeline** is one trained detector per encoding, made from nothing but its pipeline seed ``100 + p``:
+
+* **stage 0**: the backbone with its own encoding (``abs``: a learned absolute embedding; ``relpos``: the same plus
+  decomposed relative position bias in every block, ViTDet's original; ``rope``: axial RoPE in every block, no
+  token embedding; ``lookhere``: LookHere's direction masks and distance penalties in every block, no token
+  embedding), trained with the unit-layout autoencoder of ``winpos.experiments.pretrain`` (mask ratio 0, nothing
+  masked), the same objective, budget, data and seed for every encoding;
+* **stage 1**: a HieraDet Mask R-CNN at 64 px from that trunk, seed ``100 + p`` (head init, data order, proposal
+  sampling), evaluated at 64 px;
+* **zero-shot**: the stage-1 detector evaluated without finetuning at larger grids (``ZERO_SHOT``); for ``abs``
+  both as trained (naive interpolation) and converted exactly to abs-win on import;
+* **finetuning** (``abs`` only, the Bolya claim): naive, abs-win and the zero-window control finetuned at
+  ``FINETUNE_CELLS`` for ``finetune_seeds`` seeds each.
+
+The unit of replication is the pipeline: the encodings of one pipeline share its seed (the same random streams),
+so they are compared paired by pipeline; different pipelines share nothing but the data sets and the code. The
+tests declared before the runs (``docs/equal_footing.md``) are in ``TESTS``; ``analyze`` computes them.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from winpos.errors import WinposError
+from winpos.experiments.protocol import (PRETRAIN_SHAPES, PRETRAIN_SIZE, check_multiplier, dataset_params, label)
+from winpos.experiments.stats import t_cdf, t_quantile
+
+# encoding name in this study -> key of winpos.experiments.protocol.ENCODINGS
+STUDY_ENCODINGS = {"rope": "rope", "relpos": "relpos", "lookhere": "lookhere", "abs": "abs_learned"}
+ZERO_SHOT = (("canvas", 2), ("canvas", 4), ("upscaled", 2))  # (condition, grid multiplier)
+FINETUNE_CELLS = (("canvas", 4),)
+FINETUNE_ROWS = {"naive": None, "abs2win": "abswin", "control": "control"}  # row -> conversion of the abs detector
+SEED_BASE = 100  # pipeline p uses seed SEED_BASE + p in stage 0 and stage 1
+
+
+@dataclass
+class Footing:
+    """One equal-footing study: its folder, pipelines and budgets."""
+
+    config: str
+    output_dir: str = "output/equal_footing"
+    pipelines: tuple = (0, 1, 2, 3, 4, 5)
+    encodings: tuple = tuple(STUDY_ENCODINGS)
+    stage0_iters: int = 400
+    stage1_iters: int = 400
+    stage1_lr: float = 1e-3
+    finetune: bool = False
+    finetune_iters: int = 150
+    finetune_lr: float = 2e-4
+    finetune_seeds: tuple = (0, 1, 2)
+    threads: int = 1
+    workers: int = 2
+
+    def validate(self) -> None:
+        import os
+
+        bad = [e for e in self.encodings if e not in STUDY_ENCODINGS]
+        if bad or not self.encodings:
+            raise WinposError(f"unknown encoding(s) {bad}; choose from {', '.join(STUDY_ENCODINGS)}")
+        for name in ("pipelines", "finetune_seeds"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise WinposError(f"{name} {list(values)} must be a non-empty list without repeats (a repeated "
+                                  "seed is not another independent run)")
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
+                raise WinposError(f"{name} {list(values)} must hold ints >= 0")
+        for name in ("stage0_iters", "stage1_iters", "finetune_iters", "threads", "workers"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise WinposError(f"{name}={v!r} must be a positive int")
+        if not os.path.isfile(self.config):
+            raise WinposError(f"config {self.config!r} does not exist; pass configs/shapes/reproduce_hieradet.py")
+        for _, k in ZERO_SHOT + FINETUNE_CELLS:
+            check_multiplier(k)
+
+    def root(self, p: int, enc: str) -> Path:
+        return Path(self.output_dir) / f"pipeline{p}" / enc
+
+
+# ------------------------------------------------------------------------------------------------ run specs
+def stage0_spec(f: Footing, p: int, enc: str) -> dict:
+    return dict(name=f"p{p}/{enc}/stage0", kind="stage0", config=f.config, encoding=STUDY_ENCODINGS[enc],
+                iters=f.stage0_iters, mask_ratio=0.0, loss_on="all", seed=SEED_BASE + p, threads=f.threads,
+                out=str(f.root(p, enc) / "stage0"))
+
+
+def stage1_spec(f: Footing, p: int, enc: str) -> dict:
+    return dict(name=f"p{p}/{enc}/stage1", kind="detect", config=f.config, encoding=STUDY_ENCODINGS[enc],
+                size=PRETRAIN_SIZE, shapes=dict(PRETRAIN_SHAPES), iters=f.stage1_iters, seed=SEED_BASE + p,
+                lr=f.stage1_lr, warmup=50, threads=f.threads, out=str(f.root(p, enc) / "stage1"),
+                init=str(Path(stage0_spec(f, p, enc)["out"]) / "backbone.pth"))
+
+
+def converted_init(f: Footing, p: int, convert: str) -> str:
+    return str(f.root(p, "abs") / "converted" / f"{convert}_init.pth")
+
+
+def _stage2_base(f: Footing, p: int, enc: str, row: str, condition: str, k) -> dict:
+    convert = FINETUNE_ROWS.get(row) if enc == "abs" else None
+    init = converted_init(f, p, convert) if convert else str(Path(stage1_spec(f, p, enc)["out"]) / "model_final.pth")
+    return dict(kind="detect", config=f.config, encoding=STUDY_ENCODINGS[enc], convert=convert,
+                size=check_multiplier(k), shapes=dataset_params(k, condition), init=init, threads=f.threads)
+
+
+def zero_shot_spec(f: Footing, p: int, enc: str, row: str, condition: str, k) -> dict:
+    """``row`` is the encoding itself, or for ``abs`` one of ``naive`` / ``abs2win``."""
+    base = _stage2_base(f, p, enc, row, condition, k)
+    return dict(base, name=f"p{p}/{row}/{condition}/{label(k)}/zero-shot", iters=0, seed=0, lr=f.finetune_lr,
+                warmup=20, out=str(f.root(p, enc) / "zero_shot" / row / condition / label(k)))
+
+
+def finetune_spec(f: Footing, p: int, row: str, condition: str, k, seed: int) -> dict:
+    base = _stage2_base(f, p, "abs", row, condition, k)
+    return dict(base, name=f"p{p}/{row}/{condition}/{label(k)}/seed{seed}", iters=f.finetune_iters, seed=seed,
+                lr=f.finetune_lr, warmup=20, keep_weights=False,
+                out=str(f.root(p, "abs") / "finetune" / row / condition / label(k) / f"seed{seed}"))
+
+
+def zero_shot_rows(enc: str) -> tuple:
+    # the control equals naive before finetuning (its window part starts at zero): not evaluated zero-shot
+    return ("naive", "abs2win") if enc == "abs" else (enc,)
+
+
+def chain_specs(f: Footing, p: int, enc: str) -> list[dict]:
+    """The runs of one (pipeline, encoding), in order: stage 0, stage 1, the zero-shot evaluations."""
+    zero = [zero_shot_spec(f, p, enc, row, c, k) for c, k in ZERO_SHOT for row in zero_shot_rows(enc)]
+    return [stage0_spec(f, p, enc), stage1_spec(f, p, enc)] + zero
+
+
+def finetune_specs(f: Footing, p: int) -> list[dict]:
+    if not f.finetune or "abs" not in f.encodings:
+        return []
+    return [finetune_spec(f, p, row, c, k, s) for c, k in FINETUNE_CELLS for s in f.finetune_seeds
+            for row in FINETUNE_ROWS]
+
+
+def mae_spec(f: Footing, iters: int) -> dict:
+    """Hiera's MAE as a labelled stage-0 variant (half the units masked, loss on the masked units only), absolute
+    embedding, pipeline 0's seed, ``iters`` iterations: does a longer schedule grow the window pattern?"""
+    return dict(name=f"stage0_hiera_mae_{iters}", kind="stage0", config=f.config, encoding="abs_learned",
+                iters=iters, mask_ratio=0.5, loss_on="masked", seed=SEED_BASE, threads=f.threads,
+                out=str(Path(f.output_dir) / "variants" / f"hiera_mae_{iters}"))
+
+
+# ------------------------------------------------------------------------------------------------- running
+def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
+    """Run every chain (pipeline x encoding; pipelines in order, so an interrupted study has whole pipelines) and,
+    with ``f.finetune``, the finetuning runs of each ``abs`` pipeline once its chain is done; ``mae_iters`` adds the
+    long Hiera-MAE stage-0 variant as the first job. Finished runs are reused by identity."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from winpos.experiments import runs as R
+    from winpos.experiments.checkpoints import convert
+
+    f.validate()
+    done = {p: threading.Event() for p in f.pipelines}
+    jobs = []
+    if mae_iters:
+        jobs.append(lambda: R.launch(mae_spec(f, mae_iters), log))
+
+    def chain(p, enc):
+        def go():
+            try:
+                for spec in chain_specs(f, p, enc)[:2]:
+                    R.launch(spec, log)
+                if enc == "abs":
+                    final = str(Path(stage1_spec(f, p, "abs")["out"]) / "model_final.pth")
+                    for how in {c for c in FINETUNE_ROWS.values() if c}:
+                        if not Path(converted_init(f, p, how)).is_file():
+                            convert(final, converted_init(f, p, how), how)
+                for spec in chain_specs(f, p, enc)[2:]:
+                    R.launch(spec, log)
+            finally:
+                if enc == "abs":
+                    done[p].set()
+        return go
+
+    def finetune(spec, p):
+        def go():
+            done[p].wait()
+            return R.launch(spec, log)
+        return go
+
+    encs = [e for e in STUDY_ENCODINGS if e in f.encodings]  # T1 / T2 encodings first within a pipeline
+    for p in f.pipelines:
+        jobs += [chain(p, e) for e in encs]
+        if "abs" not in encs:
+            done[p].set()
+    for p in f.pipelines:
+        jobs += [finetune(s, p) for s in finetune_specs(f, p)]
+    errors = []
+
+    def guarded(job):
+        try:
+            job()
+        except Exception as e:  # noqa: BLE001 - one failed run must not stop the other pipelines
+            errors.append(e)
+            log(f"FAILED: {e}")
+
+    with ThreadPoolExecutor(max_workers=f.workers) as ex:
+        list(ex.map(guarded, jobs))
+    if errors:
+        raise R.RunFailed(f"{len(errors)} run(s) failed; the first: {errors[0]}")
+
+
+# ------------------------------------------------------------------------------------------------ collecting
+def collect(f: Footing) -> dict:
+    """Every finished run of the study, keyed for the analysis: ``stage0[enc][p]`` (WS history and reliance),
+    ``ap64[enc][p]``, ``zero_shot[row][cell][p]`` and ``finetuned[row][cell][p][seed]`` (box and mask AP each),
+    plus ``started_utc`` of every run."""
+    from winpos.experiments import runs as R
+
+    out = {"stage0": {}, "ap64": {}, "zero_shot": {}, "finetuned": {}, "started_utc": {}, "missing": []}
+
+    def take(spec):
+        res = R.finished(spec) if Path(spec["out"]).is_dir() else None
+        if res is None:
+            out["missing"].append(spec["name"])
+        else:
+            out["started_utc"][spec["name"]] = res.get("started_utc")
+        return res
+
+    for p in f.pipelines:
+        for enc in f.encodings:
+            s0 = take(stage0_spec(f, p, enc))
+            if s0:
+                out["stage0"].setdefault(enc, {})[str(p)] = {"history": s0["history"], "reliance": s0["reliance"]}
+            s1 = take(stage1_spec(f, p, enc))
+            if s1:
+                out["ap64"].setdefault(enc, {})[str(p)] = _ap(s1)
+            for c, k in ZERO_SHOT:
+                for row in zero_shot_rows(enc):
+                    res = take(zero_shot_spec(f, p, enc, row, c, k))
+                    if res:
+                        out["zero_shot"].setdefault(row, {}).setdefault(f"{c} {label(k)}", {})[str(p)] = _ap(res)
+        for spec in finetune_specs(f, p):
+            res = take(spec)
+            if res:
+                row, c, k, seed = spec["name"].split("/")[1:]
+                cell = out["finetuned"].setdefault(row, {}).setdefault(f"{c} {k}", {}).setdefault(str(p), {})
+                cell[seed.removeprefix("seed")] = _ap(res)
+    return out
+
+
+def _ap(res: dict) -> dict:
+    return {"box": res["bbox"]["AP"], "mask": res["segm"]["AP"]}
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def mean_interval(values: list, level: float = 0.95) -> dict:
+    """Mean, sd and the ``level`` Student-t interval of ``values`` (over pipelines)."""
+    n = len(values)
+    out = {"n": n, "mean": statistics.fmean(values) if values else None, "sd": None, "ci": None}
+    if n >= 2:
+        sd = statistics.stdev(values)
+        half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
+        out.update(sd=sd, ci=(out["mean"] - half, out["mean"] + half))
+    return out
+
+
+def sign_flip_p(diffs: list, alternative: str = "two-sided") -> float:
+    """Exact sign-flip (randomisation) p of mean(diffs) = 0 against ``alternative`` ("two-sided" or "greater"):
+    the share of the 2^n sign patterns whose mean is at least as extreme. Its smallest value is 2 / 2^n
+    (two-sided) or 1 / 2^n."""
+    n = len(diffs)
+    if n == 0:
+        raise WinposError("sign_flip_p needs at least one difference")
+    if n > 20:
+        raise WinposError(f"sign_flip_p enumerates 2^n patterns; n={n} is too many (use at most 20)")
+    obs = sum(diffs)
+    tol = 1e-12 * max(1.0, sum(abs(d) for d in diffs))
+    hits = 0
+    for signs in itertools.product((1, -1), repeat=n):
+        s = sum(sg * d for sg, d in zip(signs, diffs))
+        hits += (abs(s) >= abs(obs) - tol) if alternative == "two-sided" else (s >= obs - tol)
+    return hits / 2 ** n
+
+
+def t_test(diffs: list, shift: float = 0.0, alternative: str = "two-sided", level: float = 0.95) -> dict:
+    """One-sample t test of mean(diffs) = -``shift`` (``shift`` = the non-inferiority margin, 0 for a plain test)
+    with the two-sided ``level`` interval of the mean, and the exact sign-flip p of ``diffs + shift`` beside it."""
+    n = len(diffs)
+    res = {"n": n, "diffs": list(diffs), "mean": statistics.fmean(diffs) if diffs else None, "ci": None,
+           "p_t": None, "p_sign_flip": None, "alternative": alternative, "margin": shift}
+    if n < 2:
+        return res
+    sd = statistics.stdev(diffs)
+    se = sd / math.sqrt(n)
+    half = t_quantile(0.5 + level / 2, n - 1) * se
+    res.update(sd=sd, ci=(res["mean"] - half, res["mean"] + half))
+    shifted = [d + shift for d in diffs]
+    m = statistics.fmean(shifted)
+    if se == 0:
+        p = 0.0 if m != 0 and (alternative == "two-sided" or m > 0) else 1.0
+    else:
+        t = m / se
+        p = 2 * (1 - t_cdf(abs(t), n - 1)) if alternative == "two-sided" else 1 - t_cdf(t, n - 1)
+    res.update(p_t=p, p_sign_flip=sign_flip_p(shifted, alternative))
+    return res
+
+
+def holm(pvalues: dict) -> dict:
+    """Holm's step-down adjustment of ``{name: p}``; a test with p None (not run) counts in the family as p = 1,
+    so the adjustment of the others stays valid while it is missing."""
+    items = sorted(pvalues.items(), key=lambda kv: 1.0 if kv[1] is None else kv[1])
+    m, running, out = len(items), 0.0, {}
+    for i, (name, p) in enumerate(items):
+        running = max(running, min(1.0, (m - i) * (1.0 if p is None else p)))
+        out[name] = None if p is None else running
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the tests
+T1_MARGIN = 1.0  # box AP: RoPE is non-inferior to relpos when rope - relpos > -1.0 AP
+ALPHA = 0.05
+TESTS = {
+    "T1": "RoPE - relpos, box AP at 64 px, paired by pipeline; non-inferiority at a margin of 1.0 AP (one-sided)",
+    "T2": "LookHere - RoPE, zero-shot box AP averaged over canvas 2x and 4x, paired by pipeline (two-sided)",
+    "T3": "abs-win - naive after finetuning at canvas 4x, per-pipeline mean over finetuning seeds (two-sided)",
+    "T4": "abs-win - control after finetuning at canvas 4x, per-pipeline mean over finetuning seeds (two-sided)",
+}
+
+
+def _paired(a: dict, b: dict, metric: str) -> list:
+    return [a[p][metric] - b[p][metric] for p in sorted(set(a) & set(b), key=int)]
+
+
+def _detector_means(fin: dict, treat: str, base: str, cell: str, metric: str) -> list:
+    out = []
+    a, b = fin.get(treat, {}).get(cell, {}), fin.get(base, {}).get(cell, {})
+    for p in sorted(set(a) & set(b), key=int):
+        seeds = sorted(set(a[p]) & set(b[p]))
+        if seeds:
+            out.append(statistics.fmean(a[p][s][metric] - b[p][s][metric] for s in seeds))
+    return out
+
+
+def declared_tests(data: dict, metric: str) -> dict:
+    """T1-T4 on ``metric`` ("box" or "mask": each its own family), with Holm's adjustment over the four."""
+    ap, zs, fin = data["ap64"], data["zero_shot"], data["finetuned"]
+    t2 = {}
+    for enc in ("lookhere", "rope"):
+        cells = [zs.get(enc, {}).get(c, {}) for c in ("canvas 2x", "canvas 4x")]
+        t2[enc] = {p: {metric: (cells[0][p][metric] + cells[1][p][metric]) / 2}
+                   for p in set(cells[0]) & set(cells[1])}
+    diffs = {
+        "T1": (_paired(ap.get("rope", {}), ap.get("relpos", {}), metric), T1_MARGIN, "greater"),
+        "T2": (_paired(t2["lookhere"], t2["rope"], metric), 0.0, "two-sided"),
+        "T3": (_detector_means(fin, "abs2win", "naive", "canvas 4x", metric), 0.0, "two-sided"),
+        "T4": (_detector_means(fin, "abs2win", "control", "canvas 4x", metric), 0.0, "two-sided"),
+    }
+    tests = {name: dict(t_test(d, shift, alt), claim=TESTS[name]) for name, (d, shift, alt) in diffs.items()}
+    adjusted = holm({k: v["p_t"] for k, v in tests.items()})
+    adjusted_sf = holm({k: v["p_sign_flip"] for k, v in tests.items()})
+    for name, t in tests.items():
+        t["p_holm"], t["p_sign_flip_holm"] = adjusted[name], adjusted_sf[name]
+        t["verdict"] = _verdict(name, t)
+    return tests
+
+
+def _verdict(name: str, t: dict) -> str:
+    if t["n"] < 2:
+        return f"not run (n={t['n']})"
+    if t["p_holm"] < ALPHA:
+        if name == "T1":
+            return f"RoPE non-inferior to relpos at a {T1_MARGIN:g} AP margin (Holm-adjusted p < {ALPHA})"
+        return ("confirmed: the first row is better" if t["mean"] > 0 else "confirmed: the second row is better") + \
+            f" (Holm-adjusted p < {ALPHA})"
+    if t["ci"][0] > 0 or t["ci"][1] < 0:
+        return "a lead: the interval excludes 0 but the family-wise correction does not hold"
+    return "not shown: the correction does not hold and the interval includes 0" if name != "T1" else \
+        f"not shown: non-inferiority at {T1_MARGIN:g} AP is not established"
+
+
+def power_paired(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
+    """Approximate power of a two-sided one-sample t test (normal approximation with the t critical value)."""
+    if sd <= 0 or n < 2:
+        return float("nan")
+    crit = t_quantile(1 - alpha / 2, n - 1)
+    shift = abs(effect) / (sd / math.sqrt(n))
+    z = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+    return z(shift - crit) + z(-shift - crit)
+
+
+def n_for_power(effect: float, sd: float, target: float = 0.8, alpha: float = ALPHA) -> int | None:
+    for n in range(2, 500):
+        if power_paired(effect, sd, n, alpha) >= target:
+            return n
+    return None
+
+
+def analyze(f: Footing, data: dict) -> dict:
+    """The study's results: per encoding its 64 px AP over pipelines, the zero-shot cells, the stage-0 readouts,
+    T1-T4 (box and mask families) and the power of T4."""
+    per_enc = {enc: {m: mean_interval([v[m] for _, v in sorted(vals.items(), key=lambda kv: int(kv[0]))])
+                     for m in ("box", "mask")} for enc, vals in data["ap64"].items()}
+    zero = {row: {cell: {m: mean_interval([v[m] for v in vals.values()]) for m in ("box", "mask")}
+                  for cell, vals in cells.items()} for row, cells in data["zero_shot"].items()}
+    stage0 = {}
+    for enc, pipes in data["stage0"].items():
+        ws = [v["history"][-1]["ws"] for v in pipes.values() if v["history"][-1]["ws"] is not None]
+        stage0[enc] = {"final_ws": mean_interval(ws) if ws else None,
+                       "final_loss": mean_interval([v["history"][-1]["loss"] for v in pipes.values()])}
+    tests = {"box": declared_tests(data, "box"), "mask": declared_tests(data, "mask")}
+    t4 = tests["box"]["T4"]
+    power = None
+    if t4["n"] >= 2 and t4.get("sd"):
+        power = {"observed_effect": t4["mean"], "sd": t4["sd"], "n": t4["n"],
+                 "power_at_observed": power_paired(t4["mean"], t4["sd"], t4["n"]),
+                 "n_for_80pct": n_for_power(t4["mean"], t4["sd"]),
+                 "n_for_80pct_at_half_effect": n_for_power(t4["mean"] / 2, t4["sd"])}
+    return {"study": asdict(f), "data": data, "ap64": per_enc, "zero_shot": zero, "stage0": stage0, "tests": tests,
+            "t4_power": power}
