@@ -48,7 +48,7 @@ class Footing:
     pipelines: tuple = (0, 1, 2, 3, 4, 5)
     encodings: tuple = tuple(STUDY_ENCODINGS)
     stage0_iters: int = 400
-    stage1_iters: int = 400
+    stage1_iters: int = 600
     stage1_lr: float = 1e-3
     finetune: bool = False
     finetune_iters: int = 150
