@@ -17,6 +17,8 @@
         # time and memory vs input size per encoding, fitted growth exponent (time ~ tokens^k)
     python tools/benchmark.py train [--which hieradet|vitdet] [--encodings abswin,rope] [--iters 5] [--bf16]
         # training steps/s of the tiny shapes Mask R-CNN per encoding (configs/shapes), ratio vs abswin
+    python tools/benchmark.py train-step [--size 1024] [--families vitdet_b,hieradet_bplus] [--repeats 3]
+        # one training step (fwd + bwd + AdamW) per encoding and detectron2's ViT: ratios to relpos, peak memory
     python tools/benchmark.py kernels [ARGS of winpos.bench.kernels, e.g. --json out.json --reps 10] [--force]
         # Triton window attention vs SDPA (GPU); without CUDA it says so and runs its --dry-run. Its --json follows
         # the same policy (an existing file is replaced only with --force), and --reps / --batch / --budget must be
@@ -112,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measure peak memory of one call per row (default on; --no-memory for a quick run)")
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,flex,mlp,scaling,train,kernels}")
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,flex,mlp,scaling,train,train-step,kernels}")
 
     p = sub.add_parser("backbone", parents=[common, memory], help="full backbones vs their peers")
     p.add_argument("--which", default="all", choices=["all", "vitdet", "hiera"], help="backbone families")
@@ -164,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", choices=["auto", "cpu", "cuda"])
     p.add_argument("--opts", nargs="*", default=[], metavar="KEY=VALUE",
                    help="config overrides for every encoding, e.g. dataloader.train.total_batch_size=2")
+
+    p = sub.add_parser("train-step", parents=[common, memory],
+                       help="one training step (fwd + bwd + AdamW) of ViTDet-B and HieraDet-B+ per encoding, with "
+                            "detectron2's ViT; ratios to relpos and peak memory")
+    p.add_argument("--size", type=_positive, default=1024, help="image side in px (default 1024)")
+    p.add_argument("--families", type=_csv, default=["vitdet_b", "hieradet_bplus"])
+    p.add_argument("--repeats", type=_positive, default=3)
 
     sub.add_parser("kernels", add_help=False, help="Triton kernels vs SDPA (every argument goes to "
                    "winpos.bench.kernels; --help shows its options)")
@@ -272,6 +281,11 @@ def main(argv=None) -> int:
 
         result = scaling.run(preset=args.preset, sizes=args.sizes, repeats=args.repeats,
                              warmup=args.warmup, memory=args.memory, plot_path=args.plot)
+    elif args.what == "train-step":
+        from winpos.bench import train_step
+
+        result = train_step.run(families=tuple(args.families), img_size=args.size, repeats=args.repeats,
+                                warmup=args.warmup, memory=args.memory)
     else:
         from winpos.bench import train
 

@@ -80,8 +80,9 @@ def test_stage0_settings_are_checked(kwargs, message):
         S0.PretrainSpec(**kwargs).validate()
 
 
-def test_stage0_needs_a_learned_absolute_embedding():
+def test_window_similarity_needs_a_learned_absolute_embedding():
     net = create("hieradet_toy", "original", embed_dim=16, num_heads=1, img_size=64, pretrain_img_size=64,
                  pos_embed="abswin")
     with pytest.raises(WinposError, match="pos_embed='abs'"):
         S0.model_embedding_grid(net)
+    assert S0.window_ws(net) is None  # stage 0 of an encoding without one reports no WS

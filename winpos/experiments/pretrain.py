@@ -228,6 +228,15 @@ def reliance(stage: Stage0, imgs, mean, std, n: int = 256) -> dict:
     return out
 
 
+def param_groups(net, extra: list) -> list[dict]:
+    """The stage-0 optimizer groups: position parameters (the absolute embedding, relpos tables; RoPE and LookHere
+    have none) without weight decay, every other parameter of ``net`` and ``extra`` with the optimizer's."""
+    named = list(net.named_parameters())
+    is_pos = [n.startswith("pos_embed.") or ".rel_pos_" in n for n, _ in named]
+    return [{"params": [p for (_, p), flag in zip(named, is_pos) if not flag] + list(extra)},
+            {"params": [p for (_, p), flag in zip(named, is_pos) if flag], "weight_decay": 0.0}]
+
+
 def pretrain(net, spec: PretrainSpec, pixel_mean, pixel_std, image_cache: str | None = None,
              progress=None) -> dict:
     """Train ``net`` (a HieraDet with any position encoding) with the stage-0 objective in place; returns the
@@ -239,12 +248,7 @@ def pretrain(net, spec: PretrainSpec, pixel_mean, pixel_std, image_cache: str | 
     mean = torch.tensor(pixel_mean, dtype=torch.float32).view(1, 3, 1, 1)
     std = torch.tensor(pixel_std, dtype=torch.float32).view(1, 3, 1, 1)
     stage = Stage0(net, spec)
-    # position parameters (the absolute embedding, relpos tables) take no weight decay; RoPE and LookHere have none
-    is_pos = [n.startswith("pos_embed.") or ".rel_pos_" in n for n, _ in net.named_parameters()]
-    pos = [p for (n, p), flag in zip(net.named_parameters(), is_pos) if flag]
-    rest = [p for (n, p), flag in zip(net.named_parameters(), is_pos) if not flag]
-    opt = torch.optim.AdamW([{"params": rest + [stage.mask_token] + list(stage.decoder.parameters())},
-                             {"params": pos, "weight_decay": 0.0}],
+    opt = torch.optim.AdamW(param_groups(net, [stage.mask_token] + list(stage.decoder.parameters())),
                             lr=spec.lr, weight_decay=0.05, betas=(0.9, 0.95))
     gen = torch.Generator().manual_seed(spec.seed)
     train_n = len(imgs) - 256

@@ -1,0 +1,175 @@
+"""The equal-footing study (winpos.experiments.footing): stage 0 trains every encoding with itself, pipelines are
+independent and paired by seed, the declared tests compute what docs/equal_footing.md says (checked against
+references written here: brute-force sign flips, Holm by hand, a t interval from tabulated quantiles), and a
+finished run's result is sealed and pruned."""
+import itertools
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+
+from winpos.backbones import create
+from winpos.errors import WinposError
+from winpos.experiments import footing as F
+from winpos.experiments import pretrain as S0
+from winpos.experiments import runs as R
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "shapes" / "reproduce_hieradet.py")
+MEAN, STD = [123.675, 116.28, 103.53], [58.395, 57.12, 57.375]
+
+
+@pytest.mark.parametrize("position", ["rope", "lookhere"])
+def test_stage0_trains_a_backbone_without_a_token_embedding(position):
+    torch.manual_seed(0)
+    net = create("hieradet_toy", "original", embed_dim=16, num_heads=1, window_spec=(4, 2, 0, 2), img_size=64,
+                 pretrain_img_size=64, pos_embed="none", window_pos=position, global_pos=position,
+                 drop_path_rate=0.0)
+    before = [p.detach().clone() for p in net.parameters()]
+    spec = S0.PretrainSpec(iters=4, batch=4, images=270, mask_ratio=0.0, log_every=2)
+    out = S0.pretrain(net, spec, MEAN, STD)
+    assert [h["ws"] for h in out["history"]] == [None, None, None]  # no absolute embedding: no WS
+    assert set(out["reliance"]) == {"learned"} and out["reliance"]["learned"] > 0
+    assert any(not torch.equal(a, b.detach()) for a, b in zip(before, net.parameters()))
+
+
+def test_stage0_gives_position_parameters_no_weight_decay():
+    torch.manual_seed(0)
+    net = create("hieradet_toy", "original", embed_dim=16, num_heads=1, window_spec=(4, 2, 0, 2), img_size=64,
+                 pretrain_img_size=64, pos_embed="abs", window_pos="relpos", global_pos="relpos",
+                 drop_path_rate=0.0)
+    extra = [torch.nn.Parameter(torch.zeros(3))]
+    decayed, free = S0.param_groups(net, extra)
+    names = {id(p): n for n, p in net.named_parameters()}
+    free_names = sorted(names[id(p)] for p in free["params"])
+    assert free["weight_decay"] == 0.0 and "weight_decay" not in decayed
+    assert free_names == sorted(n for n in names.values() if n.startswith("pos_embed.") or ".rel_pos_" in n)
+    assert len(free_names) == 1 + 2 * len(net.blocks)  # the embedding and every block's two tables
+    assert len(decayed["params"]) + len(free["params"]) == len(names) + 1 and extra[0] is decayed["params"][-1]
+
+
+def test_pipelines_are_independent_and_encodings_paired_within_one():
+    f = F.Footing(config=CONFIG, output_dir="/x")
+    f.validate()
+    seeds = {(p, e): (F.stage0_spec(f, p, e)["seed"], F.stage1_spec(f, p, e)["seed"])
+             for p in f.pipelines for e in f.encodings}
+    assert {seeds[(0, e)] for e in f.encodings} == {(100, 100)}  # one pipeline: one seed for every encoding
+    assert len({seeds[(p, "rope")] for p in f.pipelines}) == len(f.pipelines)  # pipelines: their own seeds
+    for e in f.encodings:  # every encoding starts stage 1 from its own stage 0, trained with the same encoding
+        s0, s1 = F.stage0_spec(f, 2, e), F.stage1_spec(f, 2, e)
+        assert s1["init"] == str(Path(s0["out"]) / "backbone.pth") and s0["encoding"] == s1["encoding"]
+        assert s0["iters"] == 400 and s1["iters"] == 600 and s0["mask_ratio"] == 0.0
+    zero = [s["name"] for s in F.chain_specs(f, 0, "abs")[2:]]
+    assert "p0/abs2win/canvas/4x/zero-shot" in zero and not any("control" in n for n in zero)
+    assert F.finetune_specs(f, 0) == []  # finetuning only when asked
+    fine = F.finetune_specs(F.Footing(config=CONFIG, output_dir="/x", finetune=True), 0)
+    assert len(fine) == 9 and all(s["keep_weights"] is False and s["size"] == 256 for s in fine)
+
+
+@pytest.mark.parametrize("kw,message", [(dict(encodings=("rope", "alibi")), "unknown encoding"),
+                                        (dict(pipelines=(0, 0)), "without repeats"),
+                                        (dict(stage1_iters=0), "stage1_iters=0 must be a positive int"),
+                                        (dict(config="/nope.py"), "does not exist")])
+def test_a_bad_study_is_refused_in_one_line(kw, message):
+    with pytest.raises(WinposError, match=message):
+        F.Footing(**{"config": CONFIG, **kw}).validate()
+
+
+def _brute_sign_flip(diffs, two_sided=True):
+    obs = statistics.fmean(diffs)
+    means = [statistics.fmean([s * d for s, d in zip(signs, diffs)])
+             for signs in itertools.product((1, -1), repeat=len(diffs))]
+    hits = [abs(m) >= abs(obs) - 1e-12 if two_sided else m >= obs - 1e-12 for m in means]
+    return sum(hits) / len(hits)
+
+
+@pytest.mark.parametrize("diffs", [[1.0, 2.0, 0.5, 1.5, 3.0, 0.2], [1.0, -2.0, 0.5, -1.5, 3.0, 0.2],
+                                   [0.3, -0.1, 0.2], [-1.0, -1.0, -1.0, 2.0]])
+def test_sign_flip_matches_brute_force_and_has_its_floor(diffs):
+    assert F.sign_flip_p(diffs) == pytest.approx(_brute_sign_flip(diffs))
+    assert F.sign_flip_p(diffs, "greater") == pytest.approx(_brute_sign_flip(diffs, two_sided=False))
+    assert F.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64) and F.sign_flip_p([1.0] * 6, "greater") == 1 / 64
+
+
+def test_t_test_interval_and_non_inferiority():
+    diffs = [0.2, -0.5, 0.4, 0.1, -0.2, 0.6]
+    res = F.t_test(diffs)
+    m, se = statistics.fmean(diffs), statistics.stdev(diffs) / 6 ** 0.5
+    assert res["ci"] == pytest.approx((m - 2.5706 * se, m + 2.5706 * se), abs=1e-3)  # t(0.975, 5) = 2.5706
+    ni = F.t_test(diffs, shift=1.0, alternative="greater")  # H0: mean <= -1
+    assert ni["p_t"] < 0.001 and ni["p_sign_flip"] == 1 / 64  # every diff + 1 is positive
+    assert ni["ci"] == res["ci"]  # the interval is of the raw difference
+    worse = F.t_test([d - 1.5 for d in diffs], shift=1.0, alternative="greater")
+    assert worse["p_t"] > 0.5
+
+
+def test_holm_by_hand_and_missing_tests_count_as_one():
+    adj = F.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2})
+    assert adj == pytest.approx({"a": 0.04, "c": 0.09, "b": 0.09, "d": 0.2})
+    adj = F.holm({"a": 0.01, "b": None, "c": 0.02, "d": None})
+    assert adj["a"] == pytest.approx(0.04) and adj["c"] == pytest.approx(0.06) and adj["b"] is None
+
+
+def _data(rope, relpos, lookhere_z, rope_z):
+    ap = lambda vals: {str(p): {"box": v, "mask": v / 2} for p, v in enumerate(vals)}  # noqa: E731
+    return {"ap64": {"rope": ap(rope), "relpos": ap(relpos)},
+            "zero_shot": {"lookhere": {"canvas 2x": ap(lookhere_z), "canvas 4x": ap(lookhere_z)},
+                          "rope": {"canvas 2x": ap(rope_z), "canvas 4x": ap(rope_z)}},
+            "finetuned": {}, "stage0": {}}
+
+
+def test_declared_tests_verdicts_follow_holm():
+    data = _data([30, 31, 29, 32, 30, 31], [30.5, 30.8, 29.6, 31.5, 30.2, 31.1], [20, 22, 21, 23, 20, 22],
+                 [15, 16, 15.5, 17, 14, 16])
+    tests = F.declared_tests(data, "box")
+    assert tests["T1"]["verdict"].startswith("RoPE non-inferior") and tests["T1"]["p_holm"] < 0.05
+    assert tests["T2"]["verdict"].startswith("confirmed: the first row") and tests["T2"]["mean"] == pytest.approx(5.75)
+    assert tests["T3"]["verdict"] == "not run (n=0)" and tests["T3"]["p_holm"] is None
+    # Holm over the family of four, two missing counted as p = 1
+    assert tests["T2"]["p_holm"] == pytest.approx(min(1, 4 * min(tests["T1"]["p_t"], tests["T2"]["p_t"])))
+    null = F.declared_tests(_data([30, 31], [30.5, 29], [20, 21], [20.5, 20.2]), "box")
+    assert null["T2"]["verdict"].startswith("not shown")
+
+
+def test_power_grows_with_n():
+    assert F.power_paired(0.5, 1.0, 6) < F.power_paired(0.5, 1.0, 30) < 1
+    n = F.n_for_power(0.5, 1.0)
+    assert F.power_paired(0.5, 1.0, n) >= 0.8 > F.power_paired(0.5, 1.0, n - 1)
+    assert 30 < n < 40  # d = 0.5: about 34 (normal approximation 31.4 plus the t correction)
+
+
+def _finished(tmp_path, keep_weights=True):
+    spec = dict(name="r", kind="detect", config=CONFIG, iters=3, seed=0, out=str(tmp_path / "r"),
+                keep_weights=keep_weights)
+    R.claim(spec)
+    out = Path(spec["out"])
+    for name in ("model_0000049.pth", "model_final.pth", "init_stage0.pth", "last_checkpoint"):
+        (out / name).write_bytes(b"w" * 1000)
+    return spec, out
+
+
+def test_a_killed_run_keeps_its_checkpoints_a_finished_one_only_what_reports_read(tmp_path):
+    spec, out = _finished(tmp_path)
+    assert R.prune(spec) == [] and (out / "model_0000049.pth").is_file()  # no result yet: it must resume
+    (out / R.RESULT).write_text(json.dumps(R.seal({"bbox": {"AP": 1.0}}, spec)))
+    assert sorted(R.prune(spec)) == ["init_stage0.pth", "model_0000049.pth"]
+    assert (out / "model_final.pth").is_file()  # a stage-1 detector: later stages start from it
+    spec2, out2 = _finished(tmp_path / "b", keep_weights=False)
+    (out2 / R.RESULT).write_text(json.dumps(R.seal({"bbox": {"AP": 1.0}}, spec2)))
+    assert R.finished(spec2) == json.loads((out2 / R.RESULT).read_text())  # reuse prunes a run killed before
+    assert sorted(p.name for p in out2.iterdir()) == ["identity.json", "result.json"]
+
+
+def test_an_edited_result_is_refused(tmp_path):
+    spec, out = _finished(tmp_path)
+    sealed = R.seal({"bbox": {"AP": 1.0}}, spec)
+    (out / R.RESULT).write_text(json.dumps(sealed))
+    assert R.finished(spec)["bbox"]["AP"] == 1.0
+    (out / R.RESULT).write_text(json.dumps(dict(sealed, bbox={"AP": 9.0})))
+    with pytest.raises(WinposError, match="does not match its integrity hash"):
+        R.finished(spec)
+    (out / R.RESULT).write_text(json.dumps({"bbox": {"AP": 1.0}}))  # unsealed: not a result this winpos wrote
+    with pytest.raises(WinposError, match="integrity hash"):
+        R.finished(spec)
