@@ -1,7 +1,7 @@
 """The window-attention bug with a learned embedding, end to end on CPU (the paper's protocol on the embedded shapes
 data; the logic is in winpos.experiments).
 
-Stage 0 pretrains the backbone at 64 px with masked unit reconstruction (mask units = the 4x4-token windows,
+Stage 0 pretrains the backbone at 64 px as a unit-layout autoencoder (nothing masked; units = the 4x4-token windows,
 targets normalised per unit, predicted from the stride-16 tokens) from a random-start absolute embedding, which
 learns a window pattern; stage 1 trains a small HieraDet Mask R-CNN at 64 px from it (and one per other encoding);
 stage 2 evaluates each at 1.25x, 1.5x, 2x and 4x its token grid, zero-shot and finetuned over several seeds, on a

@@ -2,7 +2,7 @@
 
 It starts from the stage-1 checkpoint shipped with winpos: a small HieraDet Mask R-CNN trained at 64 px (a 16x16
 token grid, 4x4-token windows) from a backbone whose absolute embedding *learned* a window pattern from a random
-start in stage 0 (masked unit reconstruction); the manifest next to it records the command, seeds, SHA-256, the
+start in stage 0 (a unit-layout autoencoder, nothing masked); the manifest next to it records the command, seeds, SHA-256, the
 stage-0 WS history and the reliance numbers. The demo checks the file against that hash, measures the window
 similarity of its embedding and of what naive interpolation and abs-win make of it at the demo's grid, evaluates
 both rows there without finetuning, finetunes both for ``seeds`` paired seeds and reports the paired difference

@@ -4,7 +4,8 @@ one; it imports none of them.
 
 Stages (``tools/reproduce.py``):
 
-* **Stage 0** (``winpos.experiments.pretrain``): Hiera-style masked pretraining of the backbone at 64 px from a
+* **Stage 0** (``winpos.experiments.pretrain``): a unit-layout autoencoder (nothing masked; not Hiera's MAE, which
+  is the labelled variant ``hiera_mae``) pretraining the backbone at 64 px from a
   random-start absolute embedding, mask units = the 4x4-token stage-1 windows. Its embedding *learns* a window
   pattern (``abs_learned``).
 * **Stage 1** trains a small HieraDet Mask R-CNN at 64 px (a 16x16 token grid at stride 4, 4x4-token windows in
@@ -98,8 +99,8 @@ class Protocol:
     multipliers: tuple = MULTIPLIERS
     conditions: tuple = CONDITIONS
     seeds: tuple = (0, 1, 2, 3, 4)
-    stage0_iters: int = 1500
-    stage0_mask_ratio: float = 0.5
+    stage0_iters: int = 800  # the documented run (docs/reproduce.md)
+    stage0_mask_ratio: float = 0.0  # the unit-layout autoencoder: nothing masked
     pretrain_iters: int = 2000
     finetune_iters: int = 150
     pretrain_lr: float = 1e-3

@@ -90,7 +90,7 @@ def run_protocol(p: Protocol, log=print, report_only: bool = False, after_stage1
     out = claim_folder(p)
     t0 = time.time()
     if STAGE0_TRUNK & set(p.encodings):
-        log(f"stage 0: masked unit pretraining of the backbone, {p.stage0_iters} iterations at batch 32")
+        log(f"stage 0: unit-layout autoencoder pretraining of the backbone, {p.stage0_iters} iterations at batch 32")
         R.run_pool([stage0_spec(p)], 1, log)
     log(f"stage 1: {', '.join(p.encodings)} at 64 px, {p.pretrain_iters} iterations each")
     R.run_pool([stage1_spec(p, e) for e in p.encodings], p.workers, log)
