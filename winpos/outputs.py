@@ -151,6 +151,17 @@ def as_write_error(e: BaseException, what: str, state: str) -> "WriteError | Non
     return WriteError(cause.errno, f"{what} ({cause.strerror or cause}); {state}{hint}")
 
 
+def sha256_file(path) -> str:
+    """SHA-256 (hex) of a file's bytes, read in 1 MiB blocks."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def atomic_write_text(path, text: str) -> None:
     """``atomic_write`` of a str (utf-8)."""
     atomic_write(path, lambda f: f.write(text), "w")

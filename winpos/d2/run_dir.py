@@ -203,13 +203,9 @@ def keep_earlier_config(output_dir, start_iter: int) -> str:
 
 
 def _sha256_file(path) -> str:
-    import hashlib
+    from winpos.outputs import sha256_file
 
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    return sha256_file(path)
 
 
 def _digest(body: dict) -> str:

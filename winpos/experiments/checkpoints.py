@@ -5,7 +5,6 @@ recursive form), the window structure of an embedding, and the export of a stage
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -16,11 +15,9 @@ CONVERSIONS = ("abswin", "control", "recursive")
 
 
 def sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from winpos.outputs import sha256_file
+
+    return sha256_file(path)
 
 
 def _load_model(src: str) -> dict:

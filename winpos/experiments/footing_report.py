@@ -39,7 +39,8 @@ def format_footing(result: dict) -> str:
         for name, t in result["tests"][family].items():
             ci = "-" if t["ci"] is None else f"[{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]"
             mean = "-" if t["mean"] is None else f"{t['mean']:+.2f}"
-            lines.append(f"  {name} {TESTS[name].replace('box AP', f'{family} AP')}\n     n={t['n']} mean {mean} {ci}  p_t {_p(t['p_t'])}  "
+            claim = TESTS[name].replace("box AP", f"{family} AP")
+            lines.append(f"  {name} {claim}\n     n={t['n']} mean {mean} {ci}  p_t {_p(t['p_t'])}  "
                          f"p_sign-flip {_p(t['p_sign_flip'])}  Holm p {_p(t['p_holm'])}  -> {t['verdict']}")
     mae = result.get("hiera_mae")
     if mae:

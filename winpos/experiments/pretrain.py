@@ -11,8 +11,8 @@ shared by every window. At the scale of the shapes data (64 px images, a 16x16 t
 windows in stage 1):
 
 * **Units are the stage-1 windows** (4x4 tokens = 16x16 px), as Hiera's mask units. With ``mask_ratio`` > 0 a
-  fraction of them is blanked in the image (so the overlapping 7x7 patch embedding of a visible neighbour cannot see it) and
-  its tokens are replaced by one learned mask token before the position embedding is added.
+  fraction of them is blanked in the image (so the overlapping 7x7 patch embedding of a visible neighbour cannot
+  see it) and its tokens are replaced by one learned mask token before the position embedding is added.
 * **Targets are per unit**: the mean RGB of each of the unit's 4x4 tokens (48 values), normalised over the unit
   (mean 0, variance 1), so the target *is* the layout inside the unit, not its brightness or colour.
 * **Predicted from coarse tokens**: a linear decoder reads the stage-3 token (stride 16: one token per unit)
@@ -26,9 +26,9 @@ windows in stage 1):
   autoencoding).
 
 Readouts (for a backbone with an absolute embedding; None for one without): WS@window (window similarity,
-centred) of the embedding every ``log_every`` iterations, and the *reliance* of the trained backbone on it: the held-out loss with the embedding as learned, set to zero, rolled by
-one token (the pattern misaligned with the windows, which is what a naive resize does) and rolled by one window
-(aligned again). The result is a whole detector checkpoint (heads untrained) that stage 1 starts from.
+centred) of the embedding every ``log_every`` iterations, and the *reliance* of the trained backbone on it: the
+held-out loss with the embedding as learned, set to zero, rolled by one token (the pattern misaligned with the
+windows, which is what a naive resize does) and rolled by one window (aligned again). The result is a whole detector checkpoint (heads untrained) that stage 1 starts from.
 """
 from __future__ import annotations
 
