@@ -28,7 +28,8 @@ windows in stage 1):
 Readouts (for a backbone with an absolute embedding; None for one without): WS@window (window similarity,
 centred) of the embedding every ``log_every`` iterations, and the *reliance* of the trained backbone on it: the
 held-out loss with the embedding as learned, set to zero, rolled by one token (the pattern misaligned with the
-windows, which is what a naive resize does) and rolled by one window (aligned again). The result is a whole detector checkpoint (heads untrained) that stage 1 starts from.
+windows, which is what a naive resize does) and rolled by one window (aligned again). The result is a whole
+detector checkpoint (heads untrained) that stage 1 starts from.
 """
 from __future__ import annotations
 
