@@ -183,7 +183,7 @@ def test_strict_overrides():
         apply_overrides(cfg, ["+train.max_iter=3"])
     with pytest.raises(ValueError, match="not a config node"):
         apply_overrides(cfg, ["train.max_iter.x=3"])
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="is neither a file nor a winpos config name"):
         load_config(CONFIGS / "shapes" / "no_such_config.py")
 
 

@@ -274,7 +274,7 @@ def test_analyze_numbers_and_verdicts():
     t448, t224 = res["targets"]
     assert t448["grid_hw"] == [112, 112] and t448["naive"]["period_peak"] == 16
     assert t448["naive"]["ws_centred"] < 0.4 and t448["abswin"]["ws_centred"] == pytest.approx(1.0, abs=1e-6)
-    assert "no longer see the same embedding" in t448["verdict"] and "convert_checkpoint" in t448["verdict"]
+    assert "no longer see the same embedding" in t448["verdict"] and "winpos-convert" in t448["verdict"]
     assert "kept:" in t224["verdict"] and "80% threshold" in t224["verdict"]
 
 
