@@ -10,24 +10,30 @@ _COLORS = {"rope": "tab:orange", "relpos": "tab:green", "lookhere": "tab:purple"
            "naive": "tab:blue", "abs2win": "tab:red"}
 
 
-def _mi(entry) -> str:
+def _mi(entry, digits: int = 1) -> str:
     if not entry or entry.get("mean") is None:
         return "-"
     if entry["ci"] is None:
-        return f"{entry['mean']:.1f} (n={entry['n']})"
+        return f"{entry['mean']:.{digits}f} (n={entry['n']})"
     lo, hi = entry["ci"]
-    return f"{entry['mean']:.1f} [{lo:.1f}, {hi:.1f}] (n={entry['n']})"
+    return f"{entry['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (n={entry['n']})"
 
 
 def _p(v) -> str:
     return "-" if v is None else f"{v:.4f}"
 
 
+def _thin(history: list, most: int = 8) -> list:
+    """About ``most`` rows of a stage-0 history, the first and the last always among them."""
+    picked = history[:: max(len(history) // (most - 1), 1)]
+    return picked if picked[-1] is history[-1] else picked + [history[-1]]
+
+
 def format_footing(result: dict) -> str:
     lines = ["encoding   64 px box AP [95% CI over pipelines]   64 px mask AP              stage-0 final WS@4 / loss"]
     for enc, ap in result["ap64"].items():
         s0 = result["stage0"].get(enc) or {}
-        ws = _mi(s0.get("final_ws")) if s0.get("final_ws") else "none (no abs embedding)"
+        ws = _mi(s0.get("final_ws"), 2) if s0.get("final_ws") else "none (no abs embedding)"
         loss = s0.get("final_loss", {}).get("mean")
         lines.append(f"{enc:10s} {_mi(ap['box']):38s} {_mi(ap['mask']):26s} {ws} / "
                      f"{'-' if loss is None else f'{loss:.3f}'}")
@@ -46,7 +52,7 @@ def format_footing(result: dict) -> str:
     if mae:
         h = mae["history"]
         lines.append(f"\nHiera's MAE as stage 0, {h[-1]['iter']} iterations: WS@4 "
-                     + " -> ".join(f"{r['ws']:.2f}@{r['iter']}" for r in h[:: max(len(h) // 6, 1)] + [h[-1]])
+                     + " -> ".join(f"{r['ws']:.2f}@{r['iter']}" for r in _thin(h))
                      + "; reliance (held-out loss) "
                      + ", ".join(f"{k} {v:.3f}" for k, v in mae["reliance"].items()))
     return "\n".join(lines)
@@ -73,6 +79,10 @@ def plot_footing(result: dict, path: str) -> None:
         if m["ci"]:
             ax.errorbar([i + 0.15], [m["mean"]], yerr=[[m["mean"] - m["ci"][0]], [m["ci"][1] - m["mean"]]],
                         fmt="o", color=_COLORS.get(enc, "k"), capsize=4, mfc="none")
+    allv = [v["box"] for e in encs for v in data["ap64"][e].values()]
+    if allv:  # at least +-2 AP around the points, so a 0.1 AP difference does not fill the panel
+        mid, half = (max(allv) + min(allv)) / 2, max((max(allv) - min(allv)) / 2 + 0.5, 2.0)
+        ax.set_ylim(mid - half, mid + half)
     ax.set_xticks(range(len(encs)))
     ax.set_xticklabels(encs)
     ax.set_xlim(-0.5, len(encs) - 0.3)
@@ -111,7 +121,7 @@ def plot_footing(result: dict, path: str) -> None:
     s = result["study"]
     n = max((len(v) for v in data["ap64"].values()), default=0)
     fig.suptitle(f"Equal footing: every encoding pretrained with itself (stage 0 {s['stage0_iters']} it, stage 1 "
-                 f"{s['stage1_iters']} it at 64 px), up to {n} independent pipelines per encoding", fontsize=10)
+                 f"{s['stage1_iters']} it at 64 px); independent pipelines per encoding: up to {n}", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
