@@ -173,3 +173,21 @@ def test_an_edited_result_is_refused(tmp_path):
     (out / R.RESULT).write_text(json.dumps({"bbox": {"AP": 1.0}}))  # unsealed: not a result this winpos wrote
     with pytest.raises(WinposError, match="integrity hash"):
         R.finished(spec)
+
+
+def test_report_prints_the_tests_and_draws_a_dot_per_pipeline(tmp_path):
+    from winpos.experiments.footing_report import format_footing, plot_footing
+
+    data = _data([30, 31, 29], [30.5, 30.8, 29.6], [20, 22, 21], [15, 16, 15.5])
+    data["zero_shot"]["rope"]["upscaled 2x"] = {"0": {"box": 9.0, "mask": 4.0}}
+    data["stage0"] = {"rope": {str(p): {"history": [{"iter": 0, "ws": None, "loss": None},
+                                                    {"iter": 400, "ws": None, "loss": 0.06}],
+                                        "reliance": {"learned": 0.06}} for p in range(3)}}
+    f = F.Footing(config=CONFIG, output_dir=str(tmp_path))
+    result = F.analyze(f, data)
+    assert result["ap64"]["rope"]["box"]["n"] == 3 and result["ap64"]["rope"]["box"]["ci"] is not None
+    text = format_footing(result)
+    assert "T1 RoPE - relpos, box AP" in text and "T1 RoPE - relpos, mask AP" in text
+    assert "none (no abs embedding)" in text and "not run (n=0)" in text
+    plot_footing(result, str(tmp_path / "curves.png"))
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
