@@ -129,8 +129,11 @@ def test_declared_tests_verdicts_follow_holm():
     assert tests["T3"]["verdict"] == "not run (n=0)" and tests["T3"]["p_holm"] is None
     # Holm over the family of four, two missing counted as p = 1
     assert tests["T2"]["p_holm"] == pytest.approx(min(1, 4 * min(tests["T1"]["p_t"], tests["T2"]["p_t"])))
-    null = F.declared_tests(_data([30, 31], [30.5, 29], [20, 21], [20.5, 20.2]), "box")
-    assert null["T2"]["verdict"].startswith("not shown")
+    small = _data([30, 31], [30.5, 29], [20, 21], [20.5, 20.2])
+    assert F.declared_tests(small, "box", declared_n=2)["T2"]["verdict"].startswith("not shown")
+    interim = F.declared_tests(small, "box")  # 2 of the 6 declared pipelines: numbers, no verdict
+    assert interim["T2"]["verdict"] == "interim: 2 of the 6 declared pipelines, no verdict"
+    assert interim["T2"]["p_t"] is not None
 
 
 def test_power_grows_with_n():

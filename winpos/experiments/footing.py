@@ -342,8 +342,9 @@ def _detector_means(fin: dict, treat: str, base: str, cell: str, metric: str) ->
     return out
 
 
-def declared_tests(data: dict, metric: str) -> dict:
-    """T1-T4 on ``metric`` ("box" or "mask": each its own family), with Holm's adjustment over the four."""
+def declared_tests(data: dict, metric: str, declared_n: int = 6) -> dict:
+    """T1-T4 on ``metric`` ("box" or "mask": each its own family), with Holm's adjustment over the four. A test
+    with fewer than ``declared_n`` pipelines (the number declared) gets its numbers but no verdict (interim)."""
     ap, zs, fin = data["ap64"], data["zero_shot"], data["finetuned"]
     t2 = {}
     for enc in ("lookhere", "rope"):
@@ -361,7 +362,8 @@ def declared_tests(data: dict, metric: str) -> dict:
     adjusted_sf = holm({k: v["p_sign_flip"] for k, v in tests.items()})
     for name, t in tests.items():
         t["p_holm"], t["p_sign_flip_holm"] = adjusted[name], adjusted_sf[name]
-        t["verdict"] = _verdict(name, t)
+        t["verdict"] = _verdict(name, t) if t["n"] >= declared_n or t["n"] < 2 else \
+            f"interim: {t['n']} of the {declared_n} declared pipelines, no verdict"
     return tests
 
 
@@ -408,7 +410,8 @@ def analyze(f: Footing, data: dict) -> dict:
         ws = [v["history"][-1]["ws"] for v in pipes.values() if v["history"][-1]["ws"] is not None]
         stage0[enc] = {"final_ws": mean_interval(ws) if ws else None,
                        "final_loss": mean_interval([v["history"][-1]["loss"] for v in pipes.values()])}
-    tests = {"box": declared_tests(data, "box"), "mask": declared_tests(data, "mask")}
+    n = len(f.pipelines)
+    tests = {"box": declared_tests(data, "box", n), "mask": declared_tests(data, "mask", n)}
     t4 = tests["box"]["T4"]
     power = None
     if t4["n"] >= 2 and t4.get("sd"):
