@@ -19,7 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = (
-    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs", "winpos.cache")),
+    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs", "winpos.cache",
+                 "winpos.process_notes", "winpos.config_names")),
     ("data", ("winpos.data",)),
     ("posemb", ("winpos.posemb",)),
     ("kernels", ("winpos.kernels",)),

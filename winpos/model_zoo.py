@@ -13,60 +13,10 @@ Every command's ``--config-file`` takes such a name as well as a file path (a fi
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-from winpos.errors import MissingInputError
+from winpos.config_names import DEMO_CHECKPOINT, config_path, config_root, demo_checkpoint, list_configs
 
 __all__ = ["config_root", "config_path", "list_configs", "get_config", "demo_checkpoint", "DEMO_CHECKPOINT"]
-
-DEMO_CHECKPOINT = "stage1_hieradet_abs_learned_64px.pth"
-_PACKAGE = Path(__file__).resolve().parent
-
-
-def _first_dir(*candidates: Path) -> Path | None:
-    return next((c for c in candidates if c.is_dir()), None)
-
-
-def config_root() -> Path:
-    """The folder holding the configs: ``winpos/configs`` when installed from a wheel, the checkout's ``configs/``
-    when winpos is imported from a checkout (editable install or source tree)."""
-    root = _first_dir(_PACKAGE / "configs", _PACKAGE.parent / "configs")
-    if root is None:
-        raise MissingInputError(f"winpos's configs are neither in {_PACKAGE / 'configs'} nor in a checkout next to "
-                                f"{_PACKAGE}; reinstall winpos (pip install 'winpos[d2]') or pass a config file path")
-    return root
-
-
-def list_configs(prefix: str = "") -> list[str]:
-    """Every config name (``COCO/...``, ``shapes/...``, ``common/...``) starting with ``prefix``, sorted."""
-    root = config_root()
-    names = (p.relative_to(root).as_posix() for p in root.rglob("*.py") if "__pycache__" not in p.parts)
-    return sorted(n for n in names if n.startswith(prefix) and not n.endswith("__init__.py"))
-
-
-def config_path(name: str | os.PathLike) -> str:
-    """The file of config ``name``: the name itself when that file exists (a user's own config or a saved
-    ``config.yaml``), else the config of that name inside winpos (a leading ``configs/`` is accepted, so the
-    commands written for a checkout work from anywhere). An unknown name raises ``MissingInputError`` naming the
-    closest names."""
-    text = os.fspath(name)
-    if os.path.isfile(text):
-        return text
-    rel = text.replace("\\", "/")
-    for prefix in ("configs/", "winpos/configs/"):
-        if rel.startswith(prefix):
-            rel = rel[len(prefix):]
-    if not os.path.isabs(text) and rel.endswith(".py"):
-        candidate = config_root() / rel
-        if candidate.is_file():
-            return str(candidate)
-    import difflib
-
-    names = list_configs()
-    close = difflib.get_close_matches(rel, names, n=3, cutoff=0.4)
-    hint = f"; did you mean {', '.join(close)}" if close else f"; e.g. {names[0]}" if names else ""
-    raise MissingInputError(f"config {text!r} is neither a file nor a winpos config name{hint} (every name: "
-                            "python -c 'from winpos.model_zoo import list_configs; print(list_configs())')")
 
 
 def get_config(name: str | os.PathLike, overrides=()):
@@ -75,15 +25,3 @@ def get_config(name: str | os.PathLike, overrides=()):
     from winpos.d2.config import load_config
 
     return load_config(config_path(name), overrides)
-
-
-def demo_checkpoint() -> Path:
-    """The stage-1 detector the demo starts from (its manifest, with SHA-256 and the command that made it, is the
-    ``.json`` next to it): package data when installed, ``tools/checkpoints/`` in a checkout."""
-    folder = _first_dir(_PACKAGE / "demo_checkpoint", _PACKAGE.parent / "tools" / "checkpoints")
-    path = None if folder is None else folder / DEMO_CHECKPOINT
-    if path is None or not path.is_file():
-        raise MissingInputError(f"the demo's checkpoint {DEMO_CHECKPOINT} is not installed (looked in "
-                                f"{_PACKAGE / 'demo_checkpoint'} and a checkout's tools/checkpoints/); reinstall "
-                                "winpos from its wheel or a checkout (it ships there), or pass --checkpoint FILE")
-    return path

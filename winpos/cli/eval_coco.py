@@ -46,13 +46,11 @@ def build_parser():
 def run(argv=None):
     args = build_parser().parse_args(argv)
     quiet_third_party_warnings()
-    from detectron2.utils.logger import setup_logger
-
     from winpos.d2.engine import register_cli_datasets
     from winpos.d2.evaluate import evaluate_checkpoint
+    from winpos.d2.startup import console_logging
 
-    setup_logger(name="winpos")
-    setup_logger(name="detectron2")
+    console_logging()
     register_cli_datasets(args.dataset)
     results = evaluate_checkpoint(args.config_file, args.checkpoint, overrides=args.opts, sizes=args.sizes,
                                   fps=args.fps, output_dir=args.output, test_dataset=args.test_dataset,

@@ -82,11 +82,10 @@ def run(argv=None):
     if not checkpoint and not args.random_weights:
         raise WinposError("no weights: pass --checkpoint (or set train.init_checkpoint=...), or --random-weights to "
                           "run the untrained model on purpose")
-    from detectron2.utils.logger import setup_logger
-
     from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
     from winpos.d2.engine import build_model, resolve_device
     from winpos.d2.predict import plan_outputs, predict_images
+    from winpos.d2.startup import console_logging
 
     if images:
         plan_outputs(images, args.output, force=args.force)  # the output folder is checked before any work
@@ -98,7 +97,7 @@ def run(argv=None):
         check_output_dir(args.output, [] if args.webcam is not None else [source],
                          [video_name(source), "predictions.json"], force=args.force)
         open_source(source).release()  # a video OpenCV cannot open, or no camera: refused before the model is built
-    setup_logger(name="winpos")
+    console_logging("winpos")
     cfg.train.device = resolve_device(cfg)
     model = build_model(cfg)
     if checkpoint:

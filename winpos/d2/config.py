@@ -153,7 +153,7 @@ def load_config(path, overrides=()) -> DictConfig:
     """``LazyConfig.load(path)`` (``.py`` or a saved ``config.yaml``) plus strict ``overrides``. ``path`` is a file,
     or the name of a config shipped with winpos (``COCO/mask_rcnn_vitdet_b_100ep.py``, ``configs/...`` accepted:
     ``winpos.model_zoo.config_path``)."""
-    from winpos.model_zoo import config_path
+    from winpos.config_names import config_path
 
     path = os.fspath(path)
     if not os.path.isfile(path) and path.endswith(".py"):

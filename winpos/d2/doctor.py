@@ -22,7 +22,7 @@ def diagnose(target: str, image_size: int | None = None, recipe: str | None = No
         return diagnose_preset(target, image_size, recipe or "original", overrides)
     given = target  # the fix names the config as the user wrote it
     if not os.path.isfile(target):
-        from winpos.model_zoo import config_path
+        from winpos.config_names import config_path
 
         try:
             target = config_path(target)  # a config shipped with winpos, by name

@@ -20,7 +20,7 @@ A run is finished when its final evaluation is written (``final_results.json``, 
 weights by digests): ``--resume`` of a run that trained to ``max_iter`` but was stopped before or during that
 evaluation runs it, and a finished run returns the recorded results (an edited file is refused).
 
-Under ``launch`` with several processes every process runs through ``winpos.errors.run_reporting``: a refusal or
+Under ``launch`` with several processes every process runs through ``winpos.process_notes.run_reporting``: a refusal or
 failure is one ``error:`` line from the parent, as with one process.
 """
 from __future__ import annotations
@@ -47,7 +47,8 @@ from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_ear
                                read_final_results, write_final_results)
 from winpos.d2.startup import check_schedule, plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
-from winpos.errors import NOTES_ENV, WinposError, launched_failure, run_reporting
+from winpos.errors import WinposError
+from winpos.process_notes import NOTES_ENV, launched_failure, run_reporting
 from winpos.outputs import atomic_write, claim_output_dir, finish_output_dir
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",

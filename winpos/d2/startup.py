@@ -166,3 +166,12 @@ def check_before_launch(args) -> None:
         plan_of(cfg, args.num_gpus * args.num_machines)
         check_schedule(cfg)
     check_coco_present(cfg)
+
+
+def console_logging(*names: str) -> None:
+    """Send the named loggers (default: winpos's and detectron2's) to the console, as the command-line tools show
+    them."""
+    from detectron2.utils.logger import setup_logger
+
+    for name in names or ("winpos", "detectron2"):
+        setup_logger(name=name)
