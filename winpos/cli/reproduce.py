@@ -19,10 +19,13 @@ init hash) matches and refuses a folder made with other settings. Writes <output
 The equal-footing study (``winpos.experiments.footing``; its tests are declared in docs/equal_footing.md):
 
     winpos-reproduce --equal-footing [--output output/equal_footing] [--pipelines 0,1,2,3,4,5]
-        [--encodings rope,relpos,lookhere,abs] [--no-finetune] [--mae-iters 8000] [--report-only]
+        [--encodings rope,relpos,lookhere,abs] [--no-finetune] [--mae-iters 8000] [--archive DIR] [--report-only]
 
 runs every encoding's own stage 0 and stage 1 per pipeline, the zero-shot evaluations and (for abs) the finetuning
-runs of T3 / T4, then writes <output>/results.json (T1-T4 with Holm) and <output>/footing_curves.png.
+runs of T3 / T4, then writes <output>/results.json (T1-T4 with Holm) and <output>/footing_curves.png. With
+``--archive DIR`` every finished run's sealed result is also kept in DIR (winpos.experiments.archive), runs already
+there are not made again unless a later run needs their weights, and the report reads them: the study can be
+spread over sessions that do not keep <output>.
 """
 import sys
 from pathlib import Path
@@ -88,7 +91,7 @@ def _footing(args, log) -> int:
 
     out = Path(args.output if args.output != "output/reproduce" else "output/equal_footing")
     kw = dict(config=args.config, output_dir=str(out), workers=args.workers, threads=args.threads,
-              finetune=not args.no_finetune)
+              finetune=not args.no_finetune, archive_dir=args.archive)
     if args.pipelines is not None:
         kw["pipelines"] = tuple(args.pipelines)
     if args.encodings is not None:
@@ -101,6 +104,8 @@ def _footing(args, log) -> int:
     study.validate()
     if not args.report_only:
         F.run(study, log=log, mae_iters=args.mae_iters)
+    if args.archive:
+        F.archive_all(study, log=log, mae_iters=args.mae_iters)
     data = F.collect(study)
     if not any(data[k] for k in ("ap64", "zero_shot", "stage0")):
         from winpos.errors import WinposError
@@ -108,11 +113,11 @@ def _footing(args, log) -> int:
         raise WinposError(f"no finished run of the equal-footing study under {out}; run without --report-only first")
     result = F.analyze(study, data)
     if args.mae_iters:
-        from winpos.experiments import runs as R
+        from winpos.experiments.archive import finished_or_archived
 
-        spec = F.mae_spec(study, args.mae_iters)
-        mae = R.finished(spec) if Path(spec["out"]).is_dir() else None
-        result["hiera_mae"] = None if mae is None else {k: mae[k] for k in ("history", "reliance", "seconds")}
+        mae = finished_or_archived(F.mae_spec(study, args.mae_iters), study.archive_dir)
+        result["hiera_mae"] = None if mae is None else \
+            {k: mae[k] for k in ("history", "reliance", "seconds", "recovered_from") if k in mae}
     print(format_footing(result))
     plot_footing(result, str(out / "footing_curves.png"))
     atomic_write_json(out / "results.json", result)
@@ -133,6 +138,10 @@ def run(argv=None):
     p.add_argument("--pipelines", type=seed_list, default=None, help="equal footing: pipelines (default 0-5)")
     p.add_argument("--encodings", type=_names, default=None,
                    help="equal footing: comma list of rope, relpos, lookhere, abs (default: all four)")
+    p.add_argument("--archive", default=None, metavar="DIR",
+                   help="equal footing: keep every finished run's sealed result in DIR (one small JSON per run, to "
+                        "commit) and read runs whose folder is gone from it, so a study can span sessions; a run "
+                        "made again must repeat its entry's numbers")
     p.add_argument("--mae-iters", type=positive_int, default=None,
                    help="equal footing: also run Hiera's MAE as stage 0 for this many iterations (declared: 8000)")
     p.add_argument("--rows", type=_names, default=None, help=f"comma list of: {ROW_NAMES} (default: all)")

@@ -56,6 +56,7 @@ class Footing:
     finetune_seeds: tuple = (0, 1, 2)
     threads: int = 1
     workers: int = 2
+    archive_dir: str | None = None  # sealed per-run results kept across sessions (winpos.experiments.archive)
 
     def validate(self) -> None:
         import os
@@ -156,27 +157,42 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
+    from winpos.experiments import archive as A
     from winpos.experiments import runs as R
     from winpos.experiments.checkpoints import convert
 
     f.validate()
     done = {p: threading.Event() for p in f.pipelines}
     jobs = []
-    if mae_iters:
-        jobs.append(lambda: R.launch(mae_spec(f, mae_iters), log))
+
+    def launch(spec):
+        res = R.launch(spec, log)
+        if f.archive_dir:
+            log(f"archive {spec['name']}: {A.keep(spec, f.archive_dir)}")
+        return res
+
+    def settled(spec):  # finished here, or archived with this identity (checked)
+        return A.finished_or_archived(spec, f.archive_dir) is not None
+
+    if mae_iters and not settled(mae_spec(f, mae_iters)):
+        jobs.append(lambda: launch(mae_spec(f, mae_iters)))
 
     def chain(p, enc):
         def go():
             try:
+                needed = chain_specs(f, p, enc) + (finetune_specs(f, p) if enc == "abs" else [])
+                if all(settled(s) for s in needed):
+                    log(f"skip p{p}/{enc}: every run of it is finished or archived")
+                    return
                 for spec in chain_specs(f, p, enc)[:2]:
-                    R.launch(spec, log)
+                    launch(spec)
                 if enc == "abs":
                     final = str(Path(stage1_spec(f, p, "abs")["out"]) / "model_final.pth")
                     for how in {c for c in FINETUNE_ROWS.values() if c}:
                         if not Path(converted_init(f, p, how)).is_file():
                             convert(final, converted_init(f, p, how), how)
                 for spec in chain_specs(f, p, enc)[2:]:
-                    R.launch(spec, log)
+                    launch(spec)
             finally:
                 if enc == "abs":
                     done[p].set()
@@ -184,8 +200,10 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
 
     def finetune(spec, p):
         def go():
+            if settled(spec):
+                return None
             done[p].wait()
-            return R.launch(spec, log)
+            return launch(spec)
         return go
 
     encs = [e for e in STUDY_ENCODINGS if e in f.encodings]  # T1 / T2 encodings first within a pipeline
@@ -210,17 +228,43 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
         raise R.RunFailed(f"{len(errors)} run(s) failed; the first: {errors[0]}")
 
 
+def all_specs(f: Footing, mae_iters: int | None = None) -> list[dict]:
+    """Every run of the study, in the order ``run`` starts them (the MAE variant first when asked for)."""
+    specs = [mae_spec(f, mae_iters)] if mae_iters else []
+    for p in f.pipelines:
+        specs += [s for enc in f.encodings for s in chain_specs(f, p, enc)]
+    for p in f.pipelines:
+        specs += finetune_specs(f, p)
+    return specs
+
+
+def archive_all(f: Footing, log=print, mae_iters: int | None = None) -> dict:
+    """Put every run of the study that finished in its folder into ``f.archive_dir``; returns how many entries
+    were new and how many were reproduced (a run made again with the same numbers)."""
+    from winpos.experiments import archive as A
+    from winpos.experiments import runs as R
+
+    if not f.archive_dir:
+        raise WinposError("no archive folder given; pass --archive DIR")
+    counts = {"new": 0, "reproduced": 0}
+    for spec in all_specs(f, mae_iters):
+        if Path(spec["out"]).is_dir() and R.finished(spec) is not None:
+            counts[A.keep(spec, f.archive_dir)] += 1
+    log(f"archive {f.archive_dir}: {counts['new']} new, {counts['reproduced']} reproduced")
+    return counts
+
+
 # ------------------------------------------------------------------------------------------------ collecting
 def collect(f: Footing) -> dict:
-    """Every finished run of the study, keyed for the analysis: ``stage0[enc][p]`` (WS history and reliance),
-    ``ap64[enc][p]``, ``zero_shot[row][cell][p]`` and ``finetuned[row][cell][p][seed]`` (box and mask AP each),
-    plus ``started_utc`` of every run."""
-    from winpos.experiments import runs as R
+    """Every finished run of the study (from its folder, else from ``f.archive_dir``), keyed for the analysis:
+    ``stage0[enc][p]`` (WS history and reliance), ``ap64[enc][p]``, ``zero_shot[row][cell][p]`` and
+    ``finetuned[row][cell][p][seed]`` (box and mask AP each), plus ``started_utc`` of every run."""
+    from winpos.experiments import archive as A
 
     out = {"stage0": {}, "ap64": {}, "zero_shot": {}, "finetuned": {}, "started_utc": {}, "missing": []}
 
     def take(spec):
-        res = R.finished(spec) if Path(spec["out"]).is_dir() else None
+        res = A.finished_or_archived(spec, f.archive_dir)
         if res is None:
             out["missing"].append(spec["name"])
         else:

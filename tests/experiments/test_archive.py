@@ -1,0 +1,141 @@
+"""The study archive (winpos.experiments.archive): a finished run's sealed result kept as one JSON file, read when
+the run's folder is gone, refused when edited or made with other settings, and compared when the run is made
+again; the equal-footing study reads it, skips archived chains and keeps what it runs."""
+import json
+from pathlib import Path
+
+import pytest
+
+from winpos.errors import WinposError
+from winpos.experiments import archive as A
+from winpos.experiments import footing as F
+from winpos.experiments import runs as R
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "shapes" / "reproduce_hieradet.py")
+
+
+def _finish(spec, box=30.0, mask=20.0, seconds=12.0):
+    """Write ``spec``'s folder as the child does at the end of a run: identity, then a sealed result."""
+    R.claim(spec)
+    result = {"spec": spec, "bbox": {"AP": box, "AP50": box + 20}, "segm": {"AP": mask}, "seconds": seconds,
+              "threads": 1, "started_utc": "2026-12-04T03:00:00Z"}
+    (Path(spec["out"]) / R.RESULT).write_text(json.dumps(R.seal(result, spec)))
+
+
+def _spec(tmp_path, name="p0/rope/canvas/2x/zero-shot", **kw):
+    return dict(dict(name=name, kind="detect", config=CONFIG, encoding="rope", size=128, iters=0, seed=0,
+                     threads=1, out=str(tmp_path / "runs" / name)), **kw)
+
+
+def test_entry_is_read_when_the_folder_is_gone(tmp_path):
+    spec = _spec(tmp_path)
+    _finish(spec, box=31.5)
+    assert A.keep(spec, tmp_path / "arch") == "new"
+    path = A.entry_path(tmp_path / "arch", spec["name"])
+    assert path.name == "p0__rope__canvas__2x__zero-shot.json"
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+    assert A.archived(spec, tmp_path / "arch")["bbox"]["AP"] == 31.5
+    assert A.finished_or_archived(spec, tmp_path / "arch")["bbox"]["AP"] == 31.5
+    assert A.finished_or_archived(spec, None) is None  # no archive: only the folder counts
+    assert A.archived(_spec(tmp_path, name="p1/rope/x"), tmp_path / "arch") is None  # no entry under that name
+
+
+def test_edited_entry_is_refused(tmp_path):
+    spec = _spec(tmp_path)
+    _finish(spec)
+    A.keep(spec, tmp_path / "arch")
+    path = A.entry_path(tmp_path / "arch", spec["name"])
+    entry = json.loads(path.read_text())
+    entry["result"]["bbox"]["AP"] = 99.0
+    path.write_text(json.dumps(entry))
+    with pytest.raises(WinposError, match="integrity hash"):
+        A.archived(spec, tmp_path / "arch")
+    path.write_text("{not json")
+    with pytest.raises(WinposError, match="corrupt"):
+        A.archived(spec, tmp_path / "arch")
+
+
+def test_entry_copied_under_another_name_or_settings_is_refused(tmp_path):
+    spec = _spec(tmp_path)
+    _finish(spec)
+    A.keep(spec, tmp_path / "arch")
+    with pytest.raises(WinposError, match="other settings.*size 256 asked, 128 archived"):
+        A.archived(dict(spec, size=256), tmp_path / "arch")
+    # the init's hash is compared when the file is here
+    init = tmp_path / "init.pth"
+    init.write_bytes(b"weights")
+    other = _spec(tmp_path, name="p0/abs/stage1", init=str(init))
+    _finish(other)
+    A.keep(other, tmp_path / "arch")
+    assert A.archived(other, tmp_path / "arch") is not None
+    init.write_bytes(b"other weights")
+    with pytest.raises(WinposError, match="init checkpoint"):
+        A.archived(other, tmp_path / "arch")
+    init.unlink()  # a parent that is itself only archived has no weights here: its entry vouches for the chain
+    assert A.archived(other, tmp_path / "arch") is not None
+
+
+def test_made_again_same_numbers_is_reproduced_other_numbers_raise(tmp_path):
+    spec = _spec(tmp_path)
+    _finish(spec, box=30.0, seconds=10.0)
+    assert A.keep(spec, tmp_path / "arch") == "new"
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+    _finish(spec, box=30.0, seconds=55.0)  # time differs, numbers do not
+    assert A.keep(spec, tmp_path / "arch") == "reproduced"
+    shutil.rmtree(tmp_path / "runs")
+    _finish(spec, box=30.25)
+    with pytest.raises(A.NotReproduced, match=r"bbox.AP: 30.0 archived, 30.25 now"):
+        A.keep(spec, tmp_path / "arch")
+    assert A.archived(spec, tmp_path / "arch")["bbox"]["AP"] == 30.0  # the entry is kept
+
+
+def test_unfinished_run_is_not_archived(tmp_path):
+    spec = _spec(tmp_path)
+    R.claim(spec)
+    with pytest.raises(WinposError, match="has not finished"):
+        A.keep(spec, tmp_path / "arch")
+
+
+def test_result_differences_ignores_only_time_fields():
+    a = {"bbox": {"AP": 1.0}, "seconds": 3, "started_utc": "x", "integrity": "h", "history": [{"loss": 0.5}]}
+    b = {"bbox": {"AP": 1.0}, "seconds": 9, "started_utc": "y", "integrity": "k", "history": [{"loss": 0.5}]}
+    assert A.result_differences(a, b) == []
+    b["history"][0]["loss"] = 0.51
+    assert A.result_differences(a, b) == ["history.0.loss: 0.5 archived, 0.51 now"]
+
+
+def test_study_collects_from_the_archive_and_skips_archived_chains(tmp_path):
+    f = F.Footing(config=CONFIG, output_dir=str(tmp_path / "study"), pipelines=(0,), encodings=("rope",),
+                  archive_dir=str(tmp_path / "arch"))
+    specs = F.chain_specs(f, 0, "rope")
+    for s in specs:
+        R.claim(s)
+        res = {"spec": s, "seconds": 1.0, "started_utc": "2026-12-04T03:00:00Z"}
+        if s["kind"] == "stage0":
+            res.update(history=[{"iter": 0, "ws": None, "loss": None}, {"iter": 400, "ws": None, "loss": 0.06}],
+                       reliance={"learned": 0.06})
+        else:
+            res.update(bbox={"AP": 17.0}, segm={"AP": 10.0})
+        (Path(s["out"]) / R.RESULT).write_text(json.dumps(R.seal(res, s)))
+    counts = F.archive_all(f, log=lambda m: None)
+    assert counts == {"new": len(specs), "reproduced": 0}
+    assert F.archive_all(f, log=lambda m: None) == {"new": 0, "reproduced": len(specs)}
+    import shutil
+
+    shutil.rmtree(tmp_path / "study")
+    data = F.collect(f)
+    assert data["missing"] == [] and data["ap64"]["rope"]["0"] == {"box": 17.0, "mask": 10.0}
+    assert data["zero_shot"]["rope"]["canvas 4x"]["0"]["box"] == 17.0
+    logs = []
+    F.run(f, log=logs.append)  # nothing to run: every run of the chain is archived
+    assert logs == ["skip p0/rope: every run of it is finished or archived"]
+    assert not (tmp_path / "study").exists()
+    without = F.Footing(config=CONFIG, output_dir=str(tmp_path / "study"), pipelines=(0,), encodings=("rope",))
+    assert len(F.collect(without)["missing"]) == len(specs)
+    with pytest.raises(WinposError, match="--archive"):
+        F.archive_all(without)
