@@ -45,7 +45,9 @@ def test_python_dash_m_runs_the_command(module):
 
 
 @pytest.mark.parametrize("module, command", [("winpos.d2.engine", "winpos-train"), ("winpos.d2.predict",
-                                             "winpos-predict"), ("winpos.diagnostics.doctor", "winpos-posemb")])
+                                             "winpos-predict"), ("winpos.diagnostics.doctor", "winpos-posemb"),
+                                             ("winpos.experiments.demo", "winpos-demo"),
+                                             ("winpos.experiments.footing", "winpos-reproduce")])
 def test_a_library_module_run_with_dash_m_names_the_command(module, command):
     res = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True)
     assert res.returncode == 2, res  # before: exit 0, nothing printed

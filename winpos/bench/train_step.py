@@ -17,6 +17,7 @@ range of the per-round ratios, and the peak memory of one step (RSS growth of a 
 """
 from __future__ import annotations
 
+import gc
 import statistics
 
 import torch
@@ -82,10 +83,12 @@ def run(families=tuple(FAMILIES), img_size: int = 1024, repeats: int = 3, warmup
             entry = {"row": row, "median_s": statistics.median(times[row]), "times_s": times[row],
                      "ratio_to_" + base: statistics.median(times[row]) / statistics.median(times[base]),
                      "round_ratio_range": [min(r := round_ratios(times[row], times[base])), max(r)]}
-            if memory:
-                entry["peak_mib"] = peak_rss_mib(step_fn, family, row, img_size)
             table.append(entry)
-        del fns
+        del fns  # every row's model and optimizer state: gone before the spawned memory runs (at 1024 px the
+        gc.collect()  # five ViTDet-B rows hold about 14 GiB, and a spawned step beside them can exhaust 24 GiB)
+        if memory:
+            for entry in table:
+                entry["peak_mib"] = peak_rss_mib(step_fn, family, entry["row"], img_size)
         results["families"][family] = {"baseline": base, "rows": table}
         print_table(f"{family} at {img_size} px, one training step (fwd + bwd + AdamW), fp32 CPU, batch 1, "
                     f"{results['threads']} threads, median of {repeats} round-robin rounds",

@@ -250,8 +250,17 @@ def run(argv=None):
             claim_folder(proto)
             log(f"stage 0{' and its variants' if args.stage0_variants else ''}: {len(specs)} runs")
             R.run_pool(specs, proto.workers, log)
-        print(format_stage0_variants(R.finished(specs[0]), {v: R.finished(s) for v, s in
-                                                            zip(STAGE0_VARIANTS, specs[1:])}))
+        main, variants = R.finished(specs[0]), {v: R.finished(s) for v, s in zip(STAGE0_VARIANTS, specs[1:])}
+        print(format_stage0_variants(main, variants))
+        if args.stage0_variants and main and all(variants.values()):
+            from winpos.outputs import atomic_write_json
+
+            keep = ("spec", "history", "reliance", "seconds", "started_utc")
+            path = Path(proto.output_dir) / "stage0_variants.json"
+            atomic_write_json(path, {"main": {k: main.get(k) for k in keep},
+                                     "variants": {v: {k: r.get(k) for k in keep} for v, r in variants.items()},
+                                     "variant_settings": STAGE0_VARIANTS})
+            print(f"every number: {path}")
         if args.stage0_only:
             return 0
     summary = run_protocol(proto, log=log, report_only=args.report_only,

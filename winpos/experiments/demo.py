@@ -202,3 +202,9 @@ def print_summary(summary: dict, output_dir, log=print) -> None:
     for line in summary["doctor"][:6]:
         log(f"  {line}")
     log(f"plot: {output_dir}/demo.png; every number: {output_dir}/summary.json ({summary['minutes']:.1f} min)")
+
+
+if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
+    print("error: winpos.experiments.demo is a library module, not a command; run winpos-demo (--help says how)",
+          file=__import__("sys").stderr)
+    raise SystemExit(2)

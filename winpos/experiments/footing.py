@@ -465,3 +465,9 @@ def analyze(f: Footing, data: dict) -> dict:
                  "n_for_80pct_at_half_effect": n_for_power(t4["mean"] / 2, t4["sd"])}
     return {"study": asdict(f), "data": data, "ap64": per_enc, "zero_shot": zero, "stage0": stage0, "tests": tests,
             "t4_power": power}
+
+
+if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
+    print("error: winpos.experiments.footing is a library module, not a command; run winpos-reproduce (--help says how)",
+          file=__import__("sys").stderr)
+    raise SystemExit(2)

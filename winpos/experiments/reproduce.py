@@ -140,3 +140,9 @@ def _summary(p: Protocol, log, strict: bool) -> dict:
     if missing:
         log(f"{len(missing)} of the protocol's {len(zero) + len(fine)} stage-2 runs have not finished")
     return summary
+
+
+if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
+    print("error: winpos.experiments.reproduce is a library module, not a command; run winpos-reproduce "
+          "(--help says how)", file=__import__("sys").stderr)
+    raise SystemExit(2)
