@@ -1,4 +1,5 @@
-"""The attention entry point: augmented-QK relpos vs materialized relpos (float64, 1e-10, forward and backward),
+"""The attention entry point: relpos's training path (query blocks, backward by recomputation) vs materialized relpos
+(float64, 1e-10, forward and every gradient, one block and many, with padding masks; gradcheck; bf16),
 window/global geometry, pooled queries, padding modes, and input validation."""
 import pytest
 import torch
@@ -26,9 +27,14 @@ def _grads(out, tensors, seed=1):
     return torch.autograd.grad(out, tensors, g)
 
 
+@pytest.mark.parametrize("block_bytes", [None, 700])  # None: the default budget (one block here); 700: many blocks
 @pytest.mark.parametrize("H,W,window,stride", [(14, 14, 7, 1), (12, 16, None, 1), (16, 16, 8, 2), (8, 12, None, 2),
                                                (28, 28, 14, 1)])
-def test_augmented_qk_equals_materialized_relpos_fwd_bwd(H, W, window, stride):
+def test_relpos_training_path_equals_materialized_relpos_fwd_bwd(monkeypatch, H, W, window, stride, block_bytes):
+    import winpos.attention.relpos_train as RT
+
+    if block_bytes:
+        monkeypatch.setattr(RT, "BLOCK_BYTES", block_bytes)
     q, k, v = _qkv(2, H, W, 3, 8, stride)
     extent = window or max(H, W)
     rh, rw = _rel_tables(extent, 8)
@@ -38,6 +44,57 @@ def test_augmented_qk_equals_materialized_relpos_fwd_bwd(H, W, window, stride):
     torch.testing.assert_close(fast, slow, rtol=0, atol=1e-10)
     for a, b in zip(_grads(fast, (q, k, v, rh, rw)), _grads(slow, (q, k, v, rh, rw))):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("H,W,window,stride", [(13, 14, 8, 1), (10, 13, 7, 1), (12, 15, None, 1)])
+def test_relpos_training_path_with_a_padding_mask_equals_materialized(monkeypatch, H, W, window, stride):
+    import winpos.attention.relpos_train as RT
+
+    monkeypatch.setattr(RT, "BLOCK_BYTES", 900)
+    Hp, Wp = (-(-H // window) * window, -(-W // window) * window) if window else (H + 2, W + 1)
+    q, k, v = _qkv(2, Hp, Wp, 3, 8, stride)
+    rh, rw = _rel_tables(window or max(Hp, Wp), 8)
+    kwargs = dict(window=window, pos=PositionTerms(rel_pos=(rh, rw)), valid_hw=(H, W), pad_mode="mask")
+    fast = reference_attention(q, k, v, **kwargs)
+    slow = dense_attention(q, k, v, **kwargs)
+    valid = torch.zeros(fast.shape, dtype=torch.bool)
+    valid[:, :H, :W] = True  # rows of padded queries are not outputs
+    torch.testing.assert_close(fast[valid], slow[valid], rtol=0, atol=1e-10)
+    g = torch.randn(fast.shape, generator=torch.Generator().manual_seed(3), dtype=fast.dtype) * valid
+    for a, b in zip(torch.autograd.grad(fast, (q, k, v, rh, rw), g), torch.autograd.grad(slow, (q, k, v, rh, rw), g)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_relpos_training_function_passes_gradcheck(monkeypatch):
+    import winpos.attention.relpos_train as RT
+
+    monkeypatch.setattr(RT, "BLOCK_BYTES", 2 * 3 * 30 * 8 * 4)  # 4 query rows per block: 8 blocks
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 30, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    rh = torch.randn(2, 3, 30, 5, dtype=torch.float64, requires_grad=True)
+    rw = torch.randn(2, 3, 30, 6, dtype=torch.float64, requires_grad=True)
+    mask = torch.randn(1, 3, 30, 30, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda *t: RT.relpos_attention(*t, mask=mask, scale=0.4), (q, k, v, rh, rw))
+    with pytest.raises(ValueError, match="5x6 key grid but k has 29 keys"):
+        RT.relpos_attention(q, k[:, :, :29], v[:, :, :29], rh, rw)
+
+
+def test_relpos_training_path_in_bf16_follows_float64():
+    """Under bf16 the blocks' matmuls run in bf16 and dK / dV accumulate in float32: within bf16 rounding of the
+    float64 result."""
+    from winpos.attention.relpos_train import relpos_attention
+
+    torch.manual_seed(0)
+    ref = [torch.randn(1, 2, 64, 16, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    ref += [torch.randn(1, 2, 64, 8, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    low = [t.detach().bfloat16().requires_grad_() for t in ref]
+    out64, out16 = relpos_attention(*ref), relpos_attention(*low)
+    assert out16.dtype == torch.bfloat16
+    g = torch.randn(out64.shape, dtype=torch.float64)
+    torch.testing.assert_close(out16.double(), out64, rtol=0, atol=3e-2)
+    for a, b in zip(torch.autograd.grad(out16, low, g.bfloat16()), torch.autograd.grad(out64, ref, g)):
+        assert a.dtype == torch.bfloat16
+        torch.testing.assert_close(a.double(), b, rtol=0, atol=6e-2 * b.abs().max().item())
 
 
 @pytest.mark.parametrize("H,W,window,stride,pad_mode,with_lookhere", [
@@ -73,10 +130,13 @@ def test_relpos_takes_the_lean_backward_path_when_autograd_needs_it(monkeypatch)
     import winpos.attention.reference as A
 
     monkeypatch.setattr(A, "_blockwise", lambda *a: pytest.fail("inference path used under autograd"))
+    calls = []
+    lean = A.relpos_attention
+    monkeypatch.setattr(A, "relpos_attention", lambda *a, **kw: calls.append(a[0].shape) or lean(*a, **kw))
     q, k, v = _qkv(1, 8, 8, 2, 8)
     rh, rw = _rel_tables(4, 8)
     out = reference_attention(q, k, v, window=4, pos=PositionTerms(rel_pos=(rh, rw)))
-    assert out.requires_grad
+    assert out.requires_grad and calls == [torch.Size([4, 2, 16, 8])]  # 4 windows of 16 tokens, 2 heads
 
 
 @pytest.mark.parametrize("with_relpos", [False, True])

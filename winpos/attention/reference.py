@@ -1,9 +1,9 @@
 """The reference backend: PyTorch SDPA on partitioned windows (the specification the Triton kernels are tested
 against; itself tested against detectron2, SAM and the dense specification in ``winpos.attention.spec``).
 
-Relpos stays fused either way: when autograd needs the backward, through the augmented-QK identity (no N x N
-tensor in forward or backward); in inference, as SDPA's float mask built for a block of queries at a time
-(narrower matmuls, bounded memory). LookHere through its cached per-grid bias, or by query blocks when that bias is
+Relpos stays fused either way: when autograd needs the backward, through ``winpos.attention.relpos_train`` (query
+blocks, backward by recomputation: no N x N tensor kept between forward and backward, and q.k and p.v keep the
+plain head dim); in inference, as SDPA's float mask built for a block of queries at a time (bounded memory). LookHere through its cached per-grid bias, or by query blocks when that bias is
 too large to cache.
 """
 from __future__ import annotations
@@ -15,9 +15,10 @@ import torch.nn.functional as F
 
 from winpos.attention.bias import bias_rows, lookhere_bias, merge_masks
 from winpos.attention.geometry import Geometry, from_groups, geometry, padding_mask, to_groups
+from winpos.attention.relpos_train import relpos_attention
 from winpos.attention.terms import PositionTerms
 from winpos.attention.workspace import mask_buffer
-from winpos.posemb.relpos import key_codes, rel_terms
+from winpos.posemb.relpos import rel_terms
 from winpos.posemb.rope import rope_on_grid
 
 __all__ = ["RELPOS_CHUNK_BYTES", "Grouped", "group", "reference_attention"]
@@ -66,7 +67,7 @@ def reference_attention(q, k, v, *, window=None, pos=None, valid_hw=None, pad_mo
     lookhere_rows = pos.lookhere if pos.lookhere is not None and g.lookhere_bias is None else None  # too large
     rel = rel_terms(g.q, *pos.rel_pos, g.geo.q_window, g.geo.k_window) if pos.rel_pos is not None else None
     if rel is not None and lookhere_rows is None and _needs_backward(g.q, g.k, g.v, *pos.rel_pos):
-        out = _relpos_augmented(g, rel, mask)
+        out = relpos_attention(g.q, g.k, g.v, *rel, mask=mask, scale=g.scale)
     elif rel is not None or lookhere_rows is not None:
         out = _blockwise(g.q, g.k, g.v, rel, lookhere_rows, g.geo, mask, g.scale)
     else:
@@ -80,14 +81,6 @@ def _sdpa(qg, kg, vg, mask, scale):
         # SDPA's fused CPU/GPU kernels need one head dim for q, k and v; zero-padding v keeps them (else: math path).
         vg = F.pad(vg, (0, qg.shape[-1] - d_v))
     return F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mask, scale=scale)[..., :d_v]
-
-
-def _relpos_augmented(g: Grouped, rel, mask):
-    """Augmented-QK identity: [scale*q, rel_h, rel_w] . [k, onehot(row), onehot(col)] = scale*q.k + relpos bias.
-    No (Nq, Nk) tensor in forward or backward, at the price of a wider q.k (and v padded to match)."""
-    rel_h, rel_w = rel
-    codes = key_codes(g.geo.k_window, g.k.dtype, g.k.device).expand(*g.k.shape[:2], -1, -1)
-    return _sdpa(torch.cat([g.q * g.scale, rel_h, rel_w], dim=-1), torch.cat([g.k, codes], dim=-1), g.v, mask, 1.0)
 
 
 def _blockwise(qg, kg, vg, rel, lookhere, geo, mask, scale):

@@ -17,7 +17,7 @@ backbones do; the backward's gradient flows to that tensor):
   own partition-x-once path) instead of q, k and v separately: the stronger baseline;
 * ``sdpa_cudnn`` (CUDA, no bias): cuDNN attention on the x-partitioned windows;
 * ``flex`` (when ``winpos.attention`` has the FlexAttention backend): ``attention(..., backend="flex")``;
-* ``reference``: ``winpos.attention.reference_attention`` (relpos through the augmented-QK identity).
+* ``reference``: ``winpos.attention.reference_attention`` (relpos in training through query blocks with a recomputing backward).
 
 Timing (``winpos.bench.cuda_timing``): CUDA events per call with the L2 cache flushed before each, median of
 ``--reps``; and the same calls replayed from a CUDA graph (``*_graph_ms``: the GPU time without host overhead;

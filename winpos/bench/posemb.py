@@ -1,7 +1,8 @@
 """``benchmark.py posemb``: winpos relpos vs materialized relpos (detectron2's way), one ViTDet-B global block at
 1024^2 (64x64 tokens, 12 heads x 64), forward and forward+backward, same outputs; attention without relpos as the
 floor. winpos's path depends on autograd: forward-only (inference) builds the bias a block of queries at a time as
-SDPA's float mask; forward+backward uses the augmented-QK identity (no N x N tensor kept for backward).
+SDPA's float mask; forward+backward uses ``winpos.attention.relpos_train`` (query blocks, backward by
+recomputation: no N x N tensor kept for backward).
 
 ``benchmark.py flex`` (``run_flex``): the same block with relpos and with LookHere at 1024^2 and 1536^2, winpos's
 path vs FlexAttention (the ``flex`` backend: the terms as a compiled ``score_mod``) vs a materialized bias."""
@@ -68,7 +69,8 @@ def run(grid=64, heads=12, head_dim=64, repeats=5, warmup=1, memory=True) -> dic
     print(f"relpos, one global block: {grid}x{grid} tokens, {heads} heads x {head_dim}, {results['threads']} threads, "
           f"fp32, median of {repeats} after {warmup} warm-up; max |winpos - materialized| = "
           f"{results['max_abs_diff']:.2e}")
-    print_table("winpos relpos (fwd: query-block mask, fwd+bwd: augmented-QK) vs materialized", rows,
+    print_table("winpos relpos (fwd: query-block mask, fwd+bwd: query blocks, backward recomputed) vs materialized",
+                rows,
                 ["mode", "method", "median_ms", "peak_rss_mib", "speedup_vs_materialized", "memory_ratio"])
     return results
 
