@@ -86,8 +86,7 @@ def _sdpa(qg, kg, vg, mask, scale):
 def _blockwise(qg, kg, vg, rel, lookhere, geo, mask, scale):
     """Inference path (and LookHere on grids too large to cache): the decomposed relpos bias and/or LookHere's bias,
     built for a block of queries at a time (at most RELPOS_CHUNK_BYTES), go to SDPA as its float mask, so q.k and
-    p.v keep their plain head dim (faster than the augmented product, whose q.k and p.v are up to 3x wider for
-    global blocks) and no (Nq, Nk) tensor outlives its block. Without autograd every block is written into the
+    p.v keep their plain head dim and no (Nq, Nk) tensor outlives its block. Without autograd every block is written into the
     reused workspace buffer."""
     groups, heads, n_q, n_k = *qg.shape[:3], kg.shape[2]
     row_bytes = groups * heads * n_k * qg.element_size()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from winpos.errors import WinposError, as_hw
 
-__all__ = ["key_codes", "rel_bias_dense", "rel_index", "rel_lookup", "rel_pos_parameters", "rel_terms", "RelPosTables",
+__all__ = ["rel_bias_dense", "rel_index", "rel_lookup", "rel_pos_parameters", "rel_terms", "RelPosTables",
            "resample_rel_table"]
 
 
@@ -73,17 +73,6 @@ def rel_bias_dense(q: torch.Tensor, rel_pos_h, rel_pos_w, q_hw, k_hw) -> torch.T
     rel_h, rel_w = rel_terms(q, rel_pos_h, rel_pos_w, q_hw, k_hw)
     kh, kw = as_hw(k_hw, "k_hw")
     return (rel_h[..., :, None] + rel_w[..., None, :]).flatten(-2)
-
-
-def key_codes(k_hw, dtype, device) -> torch.Tensor:
-    """One-hot row and column codes of each key, ``(Nk, kh + kw)``: row-major key n=(h', w') has ones at h' and kh+w'."""
-    kh, kw = as_hw(k_hw, "k_hw")
-    rows = torch.arange(kh, device=device).repeat_interleave(kw)
-    cols = torch.arange(kw, device=device).repeat(kh)
-    codes = torch.zeros(kh * kw, kh + kw, dtype=dtype, device=device)
-    codes[torch.arange(kh * kw, device=device), rows] = 1
-    codes[torch.arange(kh * kw, device=device), kh + cols] = 1
-    return codes
 
 
 def rel_pos_parameters(head_dim: int, extent, zero_init: bool = True,
