@@ -139,3 +139,33 @@ def test_study_collects_from_the_archive_and_skips_archived_chains(tmp_path):
     assert len(F.collect(without)["missing"]) == len(specs)
     with pytest.raises(WinposError, match="--archive"):
         F.archive_all(without)
+
+
+def test_report_of_a_study_read_from_its_archive_alone(tmp_path, capsys):
+    """``winpos-reproduce --equal-footing --archive DIR --report-only`` on a machine without the run folders: the
+    report is made from the archive (here one pipeline's RoPE chain, written as the child writes it)."""
+    from winpos.cli.reproduce import main
+
+    out = tmp_path / "study"
+    f = F.Footing(config=CONFIG, output_dir=str(out), pipelines=(0,), encodings=("rope",),
+                  archive_dir=str(tmp_path / "arch"))
+    for s in F.chain_specs(f, 0, "rope"):
+        R.claim(s)
+        res = {"spec": s, "seconds": 1.0, "started_utc": "2026-12-04T03:00:00Z"}
+        if s["kind"] == "stage0":
+            res.update(history=[{"iter": 0, "ws": None, "loss": None}, {"iter": 400, "ws": None, "loss": 0.06}],
+                       reliance={"learned": 0.06})
+        else:
+            res.update(bbox={"AP": 17.0}, segm={"AP": 10.0})
+        (Path(s["out"]) / R.RESULT).write_text(json.dumps(R.seal(res, s)))
+    F.archive_all(f, log=lambda m: None)
+    import shutil
+
+    shutil.rmtree(out)
+    code = main(["--equal-footing", "--config", CONFIG, "--output", str(out), "--pipelines", "0", "--encodings",
+                 "rope", "--no-finetune", "--archive", str(tmp_path / "arch"), "--report-only"])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "rope       17.0 (n=1)" in text and "0 new, 0 reproduced" in text  # no run folder here to archive
+    result = json.loads((out / "results.json").read_text())
+    assert result["study"]["archive_dir"] == str(tmp_path / "arch") and result["data"]["missing"] == []

@@ -119,6 +119,7 @@ def _footing(args, log) -> int:
         result["hiera_mae"] = None if mae is None else \
             {k: mae[k] for k in ("history", "reliance", "seconds", "recovered_from") if k in mae}
     print(format_footing(result))
+    out.mkdir(parents=True, exist_ok=True)  # a report made from the archive alone has no run folders here
     plot_footing(result, str(out / "footing_curves.png"))
     atomic_write_json(out / "results.json", result)
     print(f"\nplot: {out}/footing_curves.png; every number: {out}/results.json")
