@@ -105,6 +105,11 @@ def test_result_differences_ignores_only_time_fields():
     a = {"bbox": {"AP": 1.0}, "seconds": 3, "started_utc": "x", "integrity": "h", "history": [{"loss": 0.5}]}
     b = {"bbox": {"AP": 1.0}, "seconds": 9, "started_utc": "y", "integrity": "k", "history": [{"loss": 0.5}]}
     assert A.result_differences(a, b) == []
+    a["bbox"]["APl"], b["bbox"]["APl"] = float("nan"), float("nan")  # COCO: no large objects -> NaN in both
+    assert A.result_differences(a, b) == []
+    b["bbox"]["APl"] = 0.0
+    assert A.result_differences(a, b) == ["bbox.APl: nan archived, 0.0 now"]
+    b["bbox"]["APl"] = float("nan")
     b["history"][0]["loss"] = 0.51
     assert A.result_differences(a, b) == ["history.0.loss: 0.5 archived, 0.51 now"]
 

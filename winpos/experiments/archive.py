@@ -54,7 +54,12 @@ def result_differences(a: dict, b: dict) -> list[str]:
     fa = _flat({k: v for k, v in a.items() if k not in RESULT_VOLATILE})
     fb = _flat({k: v for k, v in b.items() if k not in RESULT_VOLATILE})
     return [f"{k}: {fa.get(k)!r} archived, {fb.get(k)!r} now" for k in sorted(set(fa) | set(fb))
-            if fa.get(k) != fb.get(k)]
+            if not _same(fa.get(k), fb.get(k))]
+
+
+def _same(a, b) -> bool:
+    """Equal, counting NaN as equal to NaN (COCO's AP of an empty size range is NaN in every run)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and a != a and b != b)
 
 
 def read_entry(path) -> dict:
