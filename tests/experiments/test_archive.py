@@ -174,3 +174,17 @@ def test_report_of_a_study_read_from_its_archive_alone(tmp_path, capsys):
     assert "rope       17.0 (n=1)" in text and "0 new, 0 reproduced" in text  # no run folder here to archive
     result = json.loads((out / "results.json").read_text())
     assert result["study"]["archive_dir"] == str(tmp_path / "arch") and result["data"]["missing"] == []
+
+
+def test_a_run_records_the_code_that_made_it_and_the_archive_ignores_it():
+    import subprocess
+
+    from winpos.experiments.child import code_version
+
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:  # a copy without .git (an unpacked sdist): the installed version instead
+        assert code_version().startswith(("winpos ", "unknown"))
+    else:
+        assert code_version().removesuffix("+dirty") == head.stdout.strip()
+    a = {"bbox": {"AP": 1.0}, "code": "abc"}
+    assert A.result_differences(a, dict(a, code="def+dirty")) == []

@@ -23,7 +23,7 @@ from winpos.errors import WinposError
 from winpos.experiments import runs as R
 
 # fields of a result that differ between two runs of the same identity without meaning anything
-RESULT_VOLATILE = ("seconds", "started_utc", "integrity")
+RESULT_VOLATILE = ("seconds", "started_utc", "integrity", "code")
 
 
 class NotReproduced(WinposError):

@@ -116,6 +116,31 @@ def run_detect(spec: dict) -> dict:
     return do_train(cfg, resume=True, extra_hooks=[_progress_hook(max(spec["iters"] // 10, 20))])
 
 
+def code_version() -> str:
+    """The git commit of the winpos checkout this module runs from (``+dirty`` with uncommitted changes to tracked
+    files), else the installed distribution's version."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD", "--show-toplevel"], capture_output=True,
+                              text=True, timeout=20)
+        lines = head.stdout.split()
+        # a checkout of winpos itself, not an installed copy inside some other repository (a venv in a checkout)
+        if head.returncode == 0 and len(lines) == 2 and Path(lines[1]).resolve() == root:
+            dirty = subprocess.run(["git", "-C", str(root), "diff", "--quiet", "HEAD", "--", "winpos"],
+                                   capture_output=True, timeout=20).returncode != 0
+            return lines[0] + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"winpos {version('winpos')}"
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def main(spec: dict) -> None:
     import torch
 
@@ -138,6 +163,7 @@ def main(spec: dict) -> None:
     # repeatable bit for bit; results without this field predate the seeding and are one random draw each
     out["global_rng_seeded"] = True
     out["started_utc"] = started  # when this run (the attempt that finished it) began, for declared tests
+    out["code"] = code_version()  # which winpos made it: a re-made run with other code may round differently
     from winpos.experiments.runs import RESULT, prune, seal
 
     atomic_write_json(Path(spec["out"]) / RESULT, seal(out, spec))
