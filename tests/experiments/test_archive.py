@@ -23,6 +23,19 @@ def _finish(spec, box=30.0, mask=20.0, seconds=12.0):
     (Path(spec["out"]) / R.RESULT).write_text(json.dumps(R.seal(result, spec)))
 
 
+def _finish_chain(specs):
+    """Write a chain's folders as the child writes them: stage 0 with a loss history, the rest with AP 17 / 10."""
+    for s in specs:
+        R.claim(s)
+        res = {"spec": s, "seconds": 1.0, "started_utc": "2026-12-04T03:00:00Z"}
+        if s["kind"] == "stage0":
+            res.update(history=[{"iter": 0, "ws": None, "loss": None}, {"iter": 400, "ws": None, "loss": 0.06}],
+                       reliance={"learned": 0.06})
+        else:
+            res.update(bbox={"AP": 17.0}, segm={"AP": 10.0})
+        (Path(s["out"]) / R.RESULT).write_text(json.dumps(R.seal(res, s)))
+
+
 def _spec(tmp_path, name="p0/rope/canvas/2x/zero-shot", **kw):
     return dict(dict(name=name, kind="detect", config=CONFIG, encoding="rope", size=128, iters=0, seed=0,
                      threads=1, out=str(tmp_path / "runs" / name)), **kw)
@@ -118,15 +131,7 @@ def test_study_collects_from_the_archive_and_skips_archived_chains(tmp_path):
     f = F.Footing(config=CONFIG, output_dir=str(tmp_path / "study"), pipelines=(0,), encodings=("rope",),
                   archive_dir=str(tmp_path / "arch"))
     specs = F.chain_specs(f, 0, "rope")
-    for s in specs:
-        R.claim(s)
-        res = {"spec": s, "seconds": 1.0, "started_utc": "2026-12-04T03:00:00Z"}
-        if s["kind"] == "stage0":
-            res.update(history=[{"iter": 0, "ws": None, "loss": None}, {"iter": 400, "ws": None, "loss": 0.06}],
-                       reliance={"learned": 0.06})
-        else:
-            res.update(bbox={"AP": 17.0}, segm={"AP": 10.0})
-        (Path(s["out"]) / R.RESULT).write_text(json.dumps(R.seal(res, s)))
+    _finish_chain(specs)
     counts = F.archive_all(f, log=lambda m: None)
     assert counts == {"new": len(specs), "reproduced": 0}
     assert F.archive_all(f, log=lambda m: None) == {"new": 0, "reproduced": len(specs)}
@@ -154,15 +159,7 @@ def test_report_of_a_study_read_from_its_archive_alone(tmp_path, capsys):
     out = tmp_path / "study"
     f = F.Footing(config=CONFIG, output_dir=str(out), pipelines=(0,), encodings=("rope",),
                   archive_dir=str(tmp_path / "arch"))
-    for s in F.chain_specs(f, 0, "rope"):
-        R.claim(s)
-        res = {"spec": s, "seconds": 1.0, "started_utc": "2026-12-04T03:00:00Z"}
-        if s["kind"] == "stage0":
-            res.update(history=[{"iter": 0, "ws": None, "loss": None}, {"iter": 400, "ws": None, "loss": 0.06}],
-                       reliance={"learned": 0.06})
-        else:
-            res.update(bbox={"AP": 17.0}, segm={"AP": 10.0})
-        (Path(s["out"]) / R.RESULT).write_text(json.dumps(R.seal(res, s)))
+    _finish_chain(F.chain_specs(f, 0, "rope"))
     F.archive_all(f, log=lambda m: None)
     import shutil
 

@@ -15,6 +15,7 @@ from winpos.errors import WinposError
 from winpos.experiments import footing as F
 from winpos.experiments import pretrain as S0
 from winpos.experiments import runs as R
+from winpos.experiments import stats as ST
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "shapes" / "reproduce_hieradet.py")
@@ -88,27 +89,27 @@ def _brute_sign_flip(diffs, two_sided=True):
 @pytest.mark.parametrize("diffs", [[1.0, 2.0, 0.5, 1.5, 3.0, 0.2], [1.0, -2.0, 0.5, -1.5, 3.0, 0.2],
                                    [0.3, -0.1, 0.2], [-1.0, -1.0, -1.0, 2.0]])
 def test_sign_flip_matches_brute_force_and_has_its_floor(diffs):
-    assert F.sign_flip_p(diffs) == pytest.approx(_brute_sign_flip(diffs))
-    assert F.sign_flip_p(diffs, "greater") == pytest.approx(_brute_sign_flip(diffs, two_sided=False))
-    assert F.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64) and F.sign_flip_p([1.0] * 6, "greater") == 1 / 64
+    assert ST.sign_flip_p(diffs) == pytest.approx(_brute_sign_flip(diffs))
+    assert ST.sign_flip_p(diffs, "greater") == pytest.approx(_brute_sign_flip(diffs, two_sided=False))
+    assert ST.sign_flip_p([1.0] * 6) == pytest.approx(2 / 64) and ST.sign_flip_p([1.0] * 6, "greater") == 1 / 64
 
 
 def test_t_test_interval_and_non_inferiority():
     diffs = [0.2, -0.5, 0.4, 0.1, -0.2, 0.6]
-    res = F.t_test(diffs)
+    res = ST.t_test(diffs)
     m, se = statistics.fmean(diffs), statistics.stdev(diffs) / 6 ** 0.5
     assert res["ci"] == pytest.approx((m - 2.5706 * se, m + 2.5706 * se), abs=1e-3)  # t(0.975, 5) = 2.5706
-    ni = F.t_test(diffs, shift=1.0, alternative="greater")  # H0: mean <= -1
+    ni = ST.t_test(diffs, shift=1.0, alternative="greater")  # H0: mean <= -1
     assert ni["p_t"] < 0.001 and ni["p_sign_flip"] == 1 / 64  # every diff + 1 is positive
     assert ni["ci"] == res["ci"]  # the interval is of the raw difference
-    worse = F.t_test([d - 1.5 for d in diffs], shift=1.0, alternative="greater")
+    worse = ST.t_test([d - 1.5 for d in diffs], shift=1.0, alternative="greater")
     assert worse["p_t"] > 0.5
 
 
 def test_holm_by_hand_and_missing_tests_count_as_one():
-    adj = F.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2})
+    adj = ST.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.2})
     assert adj == pytest.approx({"a": 0.04, "c": 0.09, "b": 0.09, "d": 0.2})
-    adj = F.holm({"a": 0.01, "b": None, "c": 0.02, "d": None})
+    adj = ST.holm({"a": 0.01, "b": None, "c": 0.02, "d": None})
     assert adj["a"] == pytest.approx(0.04) and adj["c"] == pytest.approx(0.06) and adj["b"] is None
 
 
@@ -137,9 +138,9 @@ def test_declared_tests_verdicts_follow_holm():
 
 
 def test_power_grows_with_n():
-    assert F.power_paired(0.5, 1.0, 6) < F.power_paired(0.5, 1.0, 30) < 1
-    n = F.n_for_power(0.5, 1.0)
-    assert F.power_paired(0.5, 1.0, n) >= 0.8 > F.power_paired(0.5, 1.0, n - 1)
+    assert ST.power_paired(0.5, 1.0, 6) < ST.power_paired(0.5, 1.0, 30) < 1
+    n = ST.n_for_power(0.5, 1.0)
+    assert ST.power_paired(0.5, 1.0, n) >= 0.8 > ST.power_paired(0.5, 1.0, n - 1)
     assert 30 < n < 40  # d = 0.5: about 34 (normal approximation 31.4 plus the t correction)
 
 

@@ -75,13 +75,16 @@ def read_entry(path) -> dict:
     return entry
 
 
-def _setting_differences(held: dict, spec: dict) -> list[str]:
-    now = R.identity(spec)
+def _check_settings(entry: dict, spec: dict, path) -> None:
+    """Refuse, in one line naming what differs, an entry that is not the run ``spec`` asks for."""
+    held, now = entry["identity"], R.identity(spec)
     keys = sorted((set(held) | set(now)) - {"init_sha256"})
     diff = [f"{k} {now.get(k)!r} asked, {held.get(k)!r} archived" for k in keys if held.get(k) != now.get(k)]
     if now.get("init_sha256") is not None and now["init_sha256"] != held.get("init_sha256"):
         diff.append("init checkpoint: another SHA-256 than the archived run started from")
-    return diff
+    if diff:
+        raise WinposError(f"archive entry {path} is a run made with other settings ({'; '.join(diff[:3])}); pass "
+                          "another --archive, or delete the entry to run it again")
 
 
 def archived(spec: dict, archive_dir) -> dict | None:
@@ -93,10 +96,7 @@ def archived(spec: dict, archive_dir) -> dict | None:
     if not path.is_file():
         return None
     entry = read_entry(path)
-    diff = _setting_differences(entry["identity"], spec)
-    if diff:
-        raise WinposError(f"archive entry {path} is a run made with other settings ({'; '.join(diff[:3])}); pass "
-                          "another --archive, or delete the entry to run it again")
+    _check_settings(entry, spec, path)
     return entry["result"]
 
 
@@ -111,10 +111,7 @@ def keep(spec: dict, archive_dir) -> str:
     path = entry_path(archive_dir, spec["name"])
     if path.is_file():
         held = read_entry(path)
-        diff = _setting_differences(held["identity"], spec)
-        if diff:
-            raise WinposError(f"archive entry {path} is a run made with other settings ({'; '.join(diff[:3])}); "
-                              "pass another --archive, or delete the entry")
+        _check_settings(held, spec, path)
         changed = result_differences(held["result"], result)
         if changed:
             raise NotReproduced(f"run {spec['name']} made again differs from its archived entry in "

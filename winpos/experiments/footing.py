@@ -21,15 +21,13 @@ tests declared before the runs (``docs/equal_footing.md``) are in ``TESTS``; ``a
 """
 from __future__ import annotations
 
-import itertools
-import math
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from winpos.errors import WinposError
 from winpos.experiments.protocol import (PRETRAIN_SHAPES, PRETRAIN_SIZE, check_multiplier, dataset_params, label)
-from winpos.experiments.stats import t_cdf, t_quantile
+from winpos.experiments.stats import holm, mean_interval, n_for_power, power_paired, t_test
 
 # encoding name in this study -> key of winpos.experiments.protocol.ENCODINGS
 STUDY_ENCODINGS = {"rope": "rope", "relpos": "relpos", "lookhere": "lookhere", "abs": "abs_learned"}
@@ -297,70 +295,6 @@ def _ap(res: dict) -> dict:
     return {"box": res["bbox"]["AP"], "mask": res["segm"]["AP"]}
 
 
-# ------------------------------------------------------------------------------------------------ statistics
-def mean_interval(values: list, level: float = 0.95) -> dict:
-    """Mean, sd and the ``level`` Student-t interval of ``values`` (over pipelines)."""
-    n = len(values)
-    out = {"n": n, "mean": statistics.fmean(values) if values else None, "sd": None, "ci": None}
-    if n >= 2:
-        sd = statistics.stdev(values)
-        half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n)
-        out.update(sd=sd, ci=(out["mean"] - half, out["mean"] + half))
-    return out
-
-
-def sign_flip_p(diffs: list, alternative: str = "two-sided") -> float:
-    """Exact sign-flip (randomisation) p of mean(diffs) = 0 against ``alternative`` ("two-sided" or "greater"):
-    the share of the 2^n sign patterns whose mean is at least as extreme. Its smallest value is 2 / 2^n
-    (two-sided) or 1 / 2^n."""
-    n = len(diffs)
-    if n == 0:
-        raise WinposError("sign_flip_p needs at least one difference")
-    if n > 20:
-        raise WinposError(f"sign_flip_p enumerates 2^n patterns; n={n} is too many (use at most 20)")
-    obs = sum(diffs)
-    tol = 1e-12 * max(1.0, sum(abs(d) for d in diffs))
-    hits = 0
-    for signs in itertools.product((1, -1), repeat=n):
-        s = sum(sg * d for sg, d in zip(signs, diffs))
-        hits += (abs(s) >= abs(obs) - tol) if alternative == "two-sided" else (s >= obs - tol)
-    return hits / 2 ** n
-
-
-def t_test(diffs: list, shift: float = 0.0, alternative: str = "two-sided", level: float = 0.95) -> dict:
-    """One-sample t test of mean(diffs) = -``shift`` (``shift`` = the non-inferiority margin, 0 for a plain test)
-    with the two-sided ``level`` interval of the mean, and the exact sign-flip p of ``diffs + shift`` beside it."""
-    n = len(diffs)
-    res = {"n": n, "diffs": list(diffs), "mean": statistics.fmean(diffs) if diffs else None, "ci": None,
-           "p_t": None, "p_sign_flip": None, "alternative": alternative, "margin": shift}
-    if n < 2:
-        return res
-    sd = statistics.stdev(diffs)
-    se = sd / math.sqrt(n)
-    half = t_quantile(0.5 + level / 2, n - 1) * se
-    res.update(sd=sd, ci=(res["mean"] - half, res["mean"] + half))
-    shifted = [d + shift for d in diffs]
-    m = statistics.fmean(shifted)
-    if se == 0:
-        p = 0.0 if m != 0 and (alternative == "two-sided" or m > 0) else 1.0
-    else:
-        t = m / se
-        p = 2 * (1 - t_cdf(abs(t), n - 1)) if alternative == "two-sided" else 1 - t_cdf(t, n - 1)
-    res.update(p_t=p, p_sign_flip=sign_flip_p(shifted, alternative))
-    return res
-
-
-def holm(pvalues: dict) -> dict:
-    """Holm's step-down adjustment of ``{name: p}``; a test with p None (not run) counts in the family as p = 1,
-    so the adjustment of the others stays valid while it is missing."""
-    items = sorted(pvalues.items(), key=lambda kv: 1.0 if kv[1] is None else kv[1])
-    m, running, out = len(items), 0.0, {}
-    for i, (name, p) in enumerate(items):
-        running = max(running, min(1.0, (m - i) * (1.0 if p is None else p)))
-        out[name] = None if p is None else running
-    return out
-
-
 # ------------------------------------------------------------------------------------------------ the tests
 T1_MARGIN = 1.0  # box AP: RoPE is non-inferior to relpos when rope - relpos > -1.0 AP
 ALPHA = 0.05
@@ -423,23 +357,6 @@ def _verdict(name: str, t: dict) -> str:
         return "a lead: the interval excludes 0 but the family-wise correction does not hold"
     return "not shown: the correction does not hold and the interval includes 0" if name != "T1" else \
         f"not shown: non-inferiority at {T1_MARGIN:g} AP is not established"
-
-
-def power_paired(effect: float, sd: float, n: int, alpha: float = ALPHA) -> float:
-    """Approximate power of a two-sided one-sample t test (normal approximation with the t critical value)."""
-    if sd <= 0 or n < 2:
-        return float("nan")
-    crit = t_quantile(1 - alpha / 2, n - 1)
-    shift = abs(effect) / (sd / math.sqrt(n))
-    z = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
-    return z(shift - crit) + z(-shift - crit)
-
-
-def n_for_power(effect: float, sd: float, target: float = 0.8, alpha: float = ALPHA) -> int | None:
-    for n in range(2, 500):
-        if power_paired(effect, sd, n, alpha) >= target:
-            return n
-    return None
 
 
 def analyze(f: Footing, data: dict) -> dict:

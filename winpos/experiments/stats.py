@@ -1,11 +1,14 @@
-"""Paired statistics of the reproduction: the difference of two rows per seed (same stage-1 start, same seed =
-same data order and head initialisation), its mean, the 95% Student-t interval and the two-sided p value.
+"""Statistics of the reproduction: paired differences of two rows per seed (same stage-1 start, same seed = same
+data order and head initialisation), their mean, the 95% Student-t interval and the two-sided p value; for the
+equal-footing study, means over pipelines, one-sample t tests with a non-inferiority margin, the exact sign-flip
+p, Holm's adjustment and the power of a paired test.
 
 The t distribution is computed here (no scipy): its CDF through the regularised incomplete beta function
 (continued fraction, Lentz's method), its quantile by bisection on the CDF.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 
@@ -62,6 +65,13 @@ def t_quantile(q: float, df: float) -> float:
     return (lo + hi) / 2
 
 
+def _t_interval(values: list, level: float) -> tuple[float, float, float, float]:
+    """mean, sd, standard error and the half-width of the two-sided ``level`` t-interval (n >= 2)."""
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    se = sd / math.sqrt(len(values))
+    return mean, sd, se, t_quantile(0.5 + level / 2, len(values) - 1) * se
+
+
 def paired(treatment: dict, baseline: dict, level: float = 0.95) -> dict:
     """Paired comparison of two rows given as ``{seed: value}``; only seeds present in both count.
 
@@ -74,14 +84,11 @@ def paired(treatment: dict, baseline: dict, level: float = 0.95) -> dict:
            "sd": None, "ci": None, "p": None, "excludes_zero": None, "level": level}
     if len(diffs) < 2:
         return out
-    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-    df = len(diffs) - 1
-    se = sd / math.sqrt(len(diffs))
-    half = t_quantile(0.5 + level / 2, df) * se
+    mean, sd, se, half = _t_interval(diffs, level)
     if se == 0:
         p = 1.0 if mean == 0 else 0.0
     else:
-        p = 2.0 * (1.0 - t_cdf(abs(mean) / se, df))
+        p = 2.0 * (1.0 - t_cdf(abs(mean) / se, len(diffs) - 1))
     out.update(sd=sd, ci=(mean - half, mean + half), p=p, excludes_zero=(mean - half > 0 or mean + half < 0))
     return out
 
@@ -94,3 +101,81 @@ def describe(result: dict, unit: str = "AP") -> str:
         return f"{result['mean']:+.2f} {unit} (n=1: no interval)"
     lo, hi = result["ci"]
     return f"{result['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}] p={result['p']:.3f} (n={result['n']})"
+
+
+# ------------------------------------------------- over independent pipelines (the equal-footing study)
+def mean_interval(values: list, level: float = 0.95) -> dict:
+    """Mean, sd and the ``level`` Student-t interval of ``values`` (over pipelines)."""
+    n = len(values)
+    out = {"n": n, "mean": statistics.fmean(values) if values else None, "sd": None, "ci": None}
+    if n >= 2:
+        mean, sd, _, half = _t_interval(values, level)
+        out.update(sd=sd, ci=(mean - half, mean + half))
+    return out
+
+
+def sign_flip_p(diffs: list, alternative: str = "two-sided") -> float:
+    """Exact sign-flip (randomisation) p of mean(diffs) = 0 against ``alternative`` ("two-sided" or "greater"):
+    the share of the 2^n sign patterns whose mean is at least as extreme. Its smallest value is 2 / 2^n
+    (two-sided) or 1 / 2^n."""
+    n = len(diffs)
+    if n == 0:
+        raise WinposError("sign_flip_p needs at least one difference")
+    if n > 20:
+        raise WinposError(f"sign_flip_p enumerates 2^n patterns; n={n} is too many (use at most 20)")
+    obs = sum(diffs)
+    tol = 1e-12 * max(1.0, sum(abs(d) for d in diffs))
+    hits = 0
+    for signs in itertools.product((1, -1), repeat=n):
+        s = sum(sg * d for sg, d in zip(signs, diffs))
+        hits += (abs(s) >= abs(obs) - tol) if alternative == "two-sided" else (s >= obs - tol)
+    return hits / 2 ** n
+
+
+def t_test(diffs: list, shift: float = 0.0, alternative: str = "two-sided", level: float = 0.95) -> dict:
+    """One-sample t test of mean(diffs) = -``shift`` (``shift`` = the non-inferiority margin, 0 for a plain test)
+    with the two-sided ``level`` interval of the mean, and the exact sign-flip p of ``diffs + shift`` beside it."""
+    n = len(diffs)
+    res = {"n": n, "diffs": list(diffs), "mean": statistics.fmean(diffs) if diffs else None, "ci": None,
+           "p_t": None, "p_sign_flip": None, "alternative": alternative, "margin": shift}
+    if n < 2:
+        return res
+    mean, sd, se, half = _t_interval(diffs, level)
+    res.update(sd=sd, ci=(mean - half, mean + half))
+    shifted = [d + shift for d in diffs]
+    m = statistics.fmean(shifted)
+    if se == 0:
+        p = 0.0 if m != 0 and (alternative == "two-sided" or m > 0) else 1.0
+    else:
+        t = m / se
+        p = 2 * (1 - t_cdf(abs(t), n - 1)) if alternative == "two-sided" else 1 - t_cdf(t, n - 1)
+    res.update(p_t=p, p_sign_flip=sign_flip_p(shifted, alternative))
+    return res
+
+
+def holm(pvalues: dict) -> dict:
+    """Holm's step-down adjustment of ``{name: p}``; a test with p None (not run) counts in the family as p = 1,
+    so the adjustment of the others stays valid while it is missing."""
+    items = sorted(pvalues.items(), key=lambda kv: 1.0 if kv[1] is None else kv[1])
+    m, running, out = len(items), 0.0, {}
+    for i, (name, p) in enumerate(items):
+        running = max(running, min(1.0, (m - i) * (1.0 if p is None else p)))
+        out[name] = None if p is None else running
+    return out
+
+
+def power_paired(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
+    """Approximate power of a two-sided one-sample t test (normal approximation with the t critical value)."""
+    if sd <= 0 or n < 2:
+        return float("nan")
+    crit = t_quantile(1 - alpha / 2, n - 1)
+    shift = abs(effect) / (sd / math.sqrt(n))
+    z = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
+    return z(shift - crit) + z(-shift - crit)
+
+
+def n_for_power(effect: float, sd: float, target: float = 0.8, alpha: float = 0.05) -> int | None:
+    for n in range(2, 500):
+        if power_paired(effect, sd, n, alpha) >= target:
+            return n
+    return None
