@@ -65,8 +65,13 @@ def test_pipelines_are_independent_and_encodings_paired_within_one():
     zero = [s["name"] for s in F.chain_specs(f, 0, "abs")[2:]]
     assert "p0/abs2win/canvas/4x/zero-shot" in zero and not any("control" in n for n in zero)
     assert F.finetune_specs(f, 0) == []  # finetuning only when asked
-    fine = F.finetune_specs(F.Footing(config=CONFIG, output_dir="/x", finetune=True), 0)
-    assert len(fine) == 9 and all(s["keep_weights"] is False and s["size"] == 256 for s in fine)
+    study = F.Footing(config=CONFIG, output_dir="/x", finetune=True)
+    fine = F.finetune_specs(study, 0)
+    assert len(fine) == 18 and all(s["keep_weights"] is False for s in fine)
+    assert sorted({s["size"] for s in fine}) == [80, 256]  # canvas 4x (T3 / T4) and the demo's 1.25x (T5 / T6)
+    # the declared cell's runs of every pipeline come before any run of the added cell
+    order = [s["size"] for s in F.all_specs(study) if s["iters"] > 0 and s["kind"] == "detect" and s["seed"] < 100]
+    assert order == [256] * 9 * 6 + [80] * 9 * 6
 
 
 @pytest.mark.parametrize("kw,message", [(dict(encodings=("rope", "alibi")), "unknown encoding"),
@@ -135,6 +140,53 @@ def test_declared_tests_verdicts_follow_holm():
     interim = F.declared_tests(small, "box")  # 2 of the 6 declared pipelines: numbers, no verdict
     assert interim["T2"]["verdict"] == "interim: 2 of the 6 declared pipelines, no verdict"
     assert interim["T2"]["p_t"] is not None
+
+
+def _finetuned(cell, naive, abs2win, control):
+    """Per pipeline and seed: ``naive[p][s]`` etc. (box AP; mask AP is half)."""
+    rows = {"naive": naive, "abs2win": abs2win, "control": control}
+    return {row: {cell: {str(p): {str(s): {"box": v, "mask": v / 2} for s, v in enumerate(seeds)}
+                         for p, seeds in enumerate(vals)}} for row, vals in rows.items()}
+
+
+def test_finetuning_tests_use_detector_means_and_the_added_pair_pays_for_itself():
+    data = _data([30, 31, 29, 32, 30, 31], [30.5, 30.8, 29.6, 31.5, 30.2, 31.1], [20, 22, 21, 23, 20, 22],
+                 [15, 16, 15.5, 17, 14, 16])
+    naive = [[10, 11, 12], [9, 9, 9], [12, 13, 11], [10, 10, 10], [8, 9, 10], [11, 11, 11]]
+    win = [[12, 12, 13], [10, 12, 10], [13, 13, 14], [11, 12, 11], [10, 10, 11], [12, 13, 12]]
+    ctrl = [[11, 11, 12], [9, 10, 10], [12, 14, 12], [10, 11, 11], [9, 10, 11], [11, 12, 12]]
+    data["finetuned"] = _finetuned("canvas 4x", naive, win, ctrl)
+    for row, cells in _finetuned("canvas 1.25x", naive, win, ctrl).items():
+        data["finetuned"][row].update(cells)
+    tests = F.declared_tests(data, "box")
+    by_hand = [statistics.fmean(w) - statistics.fmean(n) for w, n in zip(win, naive)]  # detector-level means
+    assert tests["T3"]["n"] == 6 and tests["T3"]["mean"] == pytest.approx(statistics.fmean(by_hand))
+    assert tests["T5"]["mean"] == pytest.approx(tests["T3"]["mean"]) and tests["T5"]["p_t"] == tests["T3"]["p_t"]
+    p = {k: t["p_t"] for k, t in tests.items()}
+    # T1-T4 adjusted over the declared four only; T5 / T6 over all six, so never below T3 / T4's adjustment
+    assert tests["T3"]["p_holm"] == pytest.approx(ST.holm({k: p[k] for k in ("T1", "T2", "T3", "T4")})["T3"])
+    assert tests["T5"]["p_holm"] == pytest.approx(ST.holm(p)["T5"]) and tests["T5"]["p_holm"] >= tests["T3"]["p_holm"]
+    assert tests["T3"]["holm_family"] == ["T1", "T2", "T3", "T4"] and len(tests["T6"]["holm_family"]) == 6
+    result = F.analyze(F.Footing(config=CONFIG, output_dir="/x"), data)
+    assert set(result["power"]) == {"T3", "T4", "T5", "T6"} and result["t4_power"] == result["power"]["T4"]
+    assert result["finetuned"]["abs2win"]["canvas 4x"]["box"]["mean"] == pytest.approx(
+        statistics.fmean(statistics.fmean(w) for w in win))
+
+
+def test_finetuned_figure_is_drawn_only_when_there_is_a_finetuning_run(tmp_path):
+    from winpos.experiments.footing_report import format_footing, plot_finetuned
+
+    data = _data([30, 31, 29], [30.5, 30.8, 29.6], [20, 22, 21], [15, 16, 15.5])
+    f = F.Footing(config=CONFIG, output_dir=str(tmp_path))
+    assert plot_finetuned(F.analyze(f, data), str(tmp_path / "none.png")) is False
+    assert not (tmp_path / "none.png").exists()
+    data["finetuned"] = _finetuned("canvas 4x", [[10, 11], [9, 9], [12, 13]], [[12, 12], [10, 11], [13, 13]],
+                                   [[11, 11], [9, 10], [12, 14]])
+    result = F.analyze(f, data)
+    assert plot_finetuned(result, str(tmp_path / "fine.png")) is True
+    assert (tmp_path / "fine.png").stat().st_size > 10_000
+    text = format_footing(result)
+    assert "finetuned box / mask AP" in text and "power of T3 (box)" in text and "canvas 4x: 11.8" in text
 
 
 def test_power_grows_with_n():

@@ -22,7 +22,8 @@ The equal-footing study (``winpos.experiments.footing``; its tests are declared 
         [--encodings rope,relpos,lookhere,abs] [--no-finetune] [--mae-iters 8000] [--archive DIR] [--report-only]
 
 runs every encoding's own stage 0 and stage 1 per pipeline, the zero-shot evaluations and (for abs) the finetuning
-runs of T3 / T4, then writes <output>/results.json (T1-T4 with Holm) and <output>/footing_curves.png. With
+runs of T3-T6, then writes <output>/results.json (T1-T6 with Holm), <output>/footing_curves.png and
+<output>/footing_finetuned.png. With
 ``--archive DIR`` every finished run's sealed result is also kept in DIR (winpos.experiments.archive), runs already
 there are not made again unless a later run needs their weights, and the report reads them: the study can be
 spread over sessions that do not keep <output>.
@@ -86,7 +87,7 @@ def _vitdet(proto, args, log) -> int:
 
 def _footing(args, log) -> int:
     from winpos.experiments import footing as F
-    from winpos.experiments.footing_report import format_footing, plot_footing
+    from winpos.experiments.footing_report import format_footing, plot_finetuned, plot_footing
     from winpos.outputs import atomic_write_json
 
     out = Path(args.output if args.output != "output/reproduce" else "output/equal_footing")
@@ -121,8 +122,11 @@ def _footing(args, log) -> int:
     print(format_footing(result))
     out.mkdir(parents=True, exist_ok=True)  # a report made from the archive alone has no run folders here
     plot_footing(result, str(out / "footing_curves.png"))
+    plots = f"{out}/footing_curves.png"
+    if plot_finetuned(result, str(out / "footing_finetuned.png")):
+        plots += f", {out}/footing_finetuned.png"
     atomic_write_json(out / "results.json", result)
-    print(f"\nplot: {out}/footing_curves.png; every number: {out}/results.json")
+    print(f"\nplots: {plots}; every number: {out}/results.json")
     return 0
 
 
@@ -135,7 +139,7 @@ def run(argv=None):
                    "(default: %(default)s)")
     p.add_argument("--equal-footing", action="store_true",
                    help="run the equal-footing study instead (every encoding pretrained with itself, independent "
-                        "pipelines, the declared tests T1-T4); default output output/equal_footing")
+                        "pipelines, the declared tests T1-T6); default output output/equal_footing")
     p.add_argument("--pipelines", type=seed_list, default=None, help="equal footing: pipelines (default 0-5)")
     p.add_argument("--encodings", type=_names, default=None,
                    help="equal footing: comma list of rope, relpos, lookhere, abs (default: all four)")

@@ -32,7 +32,8 @@ from winpos.experiments.stats import holm, mean_interval, n_for_power, power_pai
 # encoding name in this study -> key of winpos.experiments.protocol.ENCODINGS
 STUDY_ENCODINGS = {"rope": "rope", "relpos": "relpos", "lookhere": "lookhere", "abs": "abs_learned"}
 ZERO_SHOT = (("canvas", 2), ("canvas", 4), ("upscaled", 2))  # (condition, grid multiplier)
-FINETUNE_CELLS = (("canvas", 4),)
+# canvas 4x: T3 / T4 as declared; canvas 1.25x: the demo's cell, T5 / T6 (added by a dated amendment before its runs)
+FINETUNE_CELLS = (("canvas", 4), ("canvas", 1.25))
 FINETUNE_ROWS = {"naive": None, "abs2win": "abswin", "control": "control"}  # row -> conversion of the abs detector
 SEED_BASE = 100  # pipeline p uses seed SEED_BASE + p in stage 0 and stage 1
 
@@ -132,11 +133,10 @@ def chain_specs(f: Footing, p: int, enc: str) -> list[dict]:
     return [stage0_spec(f, p, enc), stage1_spec(f, p, enc)] + zero
 
 
-def finetune_specs(f: Footing, p: int) -> list[dict]:
+def finetune_specs(f: Footing, p: int, cells=FINETUNE_CELLS) -> list[dict]:
     if not f.finetune or "abs" not in f.encodings:
         return []
-    return [finetune_spec(f, p, row, c, k, s) for c, k in FINETUNE_CELLS for s in f.finetune_seeds
-            for row in FINETUNE_ROWS]
+    return [finetune_spec(f, p, row, c, k, s) for c, k in cells for s in f.finetune_seeds for row in FINETUNE_ROWS]
 
 
 def mae_spec(f: Footing, iters: int) -> dict:
@@ -209,8 +209,9 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
         jobs += [chain(p, e) for e in encs]
         if "abs" not in encs:
             done[p].set()
-    for p in f.pipelines:
-        jobs += [finetune(s, p) for s in finetune_specs(f, p)]
+    for cell in FINETUNE_CELLS:  # cell by cell: the declared cell's runs first, every pipeline
+        for p in f.pipelines:
+            jobs += [finetune(s, p) for s in finetune_specs(f, p, (cell,))]
     errors = []
 
     def guarded(job):
@@ -231,8 +232,9 @@ def all_specs(f: Footing, mae_iters: int | None = None) -> list[dict]:
     specs = [mae_spec(f, mae_iters)] if mae_iters else []
     for p in f.pipelines:
         specs += [s for enc in f.encodings for s in chain_specs(f, p, enc)]
-    for p in f.pipelines:
-        specs += finetune_specs(f, p)
+    for cell in FINETUNE_CELLS:
+        for p in f.pipelines:
+            specs += finetune_specs(f, p, (cell,))
     return specs
 
 
@@ -303,7 +305,14 @@ TESTS = {
     "T2": "LookHere - RoPE, zero-shot box AP averaged over canvas 2x and 4x, paired by pipeline (two-sided)",
     "T3": "abs-win - naive after finetuning at canvas 4x, per-pipeline mean over finetuning seeds (two-sided)",
     "T4": "abs-win - control after finetuning at canvas 4x, per-pipeline mean over finetuning seeds (two-sided)",
+    "T5": "abs-win - naive after finetuning at canvas 1.25x (the demo's cell), per-pipeline mean over finetuning "
+          "seeds (two-sided)",
+    "T6": "abs-win - control after finetuning at canvas 1.25x (the demo's cell), per-pipeline mean over finetuning "
+          "seeds (two-sided)",
 }
+DECLARED_FAMILY = ("T1", "T2", "T3", "T4")  # Holm over these four, as declared before the runs
+# T5 / T6 were added (dated amendment) after T1 / T2 had run but before any finetuning run: their Holm adjustment is
+# over all six tests, so adding them cannot make a verdict of the declared four easier, nor their own
 
 
 def _paired(a: dict, b: dict, metric: str) -> list:
@@ -321,8 +330,9 @@ def _detector_means(fin: dict, treat: str, base: str, cell: str, metric: str) ->
 
 
 def declared_tests(data: dict, metric: str, declared_n: int = 6) -> dict:
-    """T1-T4 on ``metric`` ("box" or "mask": each its own family), with Holm's adjustment over the four. A test
-    with fewer than ``declared_n`` pipelines (the number declared) gets its numbers but no verdict (interim)."""
+    """T1-T6 on ``metric`` ("box" or "mask": each its own family), with Holm's adjustment over the declared four
+    for T1-T4 and over all six for T5 / T6 (``holm_family``). A test with fewer than ``declared_n`` pipelines (the
+    number declared) gets its numbers but no verdict (interim)."""
     ap, zs, fin = data["ap64"], data["zero_shot"], data["finetuned"]
     t2 = {}
     for enc in ("lookhere", "rope"):
@@ -334,12 +344,17 @@ def declared_tests(data: dict, metric: str, declared_n: int = 6) -> dict:
         "T2": (_paired(t2["lookhere"], t2["rope"], metric), 0.0, "two-sided"),
         "T3": (_detector_means(fin, "abs2win", "naive", "canvas 4x", metric), 0.0, "two-sided"),
         "T4": (_detector_means(fin, "abs2win", "control", "canvas 4x", metric), 0.0, "two-sided"),
+        "T5": (_detector_means(fin, "abs2win", "naive", "canvas 1.25x", metric), 0.0, "two-sided"),
+        "T6": (_detector_means(fin, "abs2win", "control", "canvas 1.25x", metric), 0.0, "two-sided"),
     }
     tests = {name: dict(t_test(d, shift, alt), claim=TESTS[name]) for name, (d, shift, alt) in diffs.items()}
-    adjusted = holm({k: v["p_t"] for k, v in tests.items()})
-    adjusted_sf = holm({k: v["p_sign_flip"] for k, v in tests.items()})
+    four = [k for k in tests if k in DECLARED_FAMILY]
+    adjusted = {**holm({k: tests[k]["p_t"] for k in tests}), **holm({k: tests[k]["p_t"] for k in four})}
+    adjusted_sf = {**holm({k: tests[k]["p_sign_flip"] for k in tests}),
+                   **holm({k: tests[k]["p_sign_flip"] for k in four})}
     for name, t in tests.items():
         t["p_holm"], t["p_sign_flip_holm"] = adjusted[name], adjusted_sf[name]
+        t["holm_family"] = list(four) if name in DECLARED_FAMILY else list(tests)
         t["verdict"] = _verdict(name, t) if t["n"] >= declared_n or t["n"] < 2 else \
             f"interim: {t['n']} of the {declared_n} declared pipelines, no verdict"
     return tests
@@ -361,7 +376,7 @@ def _verdict(name: str, t: dict) -> str:
 
 def analyze(f: Footing, data: dict) -> dict:
     """The study's results: per encoding its 64 px AP over pipelines, the zero-shot cells, the stage-0 readouts,
-    T1-T4 (box and mask families) and the power of T4."""
+    T1-T6 (box and mask families), the finetuned AP and the power of T3-T6."""
     per_enc = {enc: {m: mean_interval([v[m] for _, v in sorted(vals.items(), key=lambda kv: int(kv[0]))])
                      for m in ("box", "mask")} for enc, vals in data["ap64"].items()}
     zero = {row: {cell: {m: mean_interval([v[m] for v in vals.values()]) for m in ("box", "mask")}
@@ -373,18 +388,23 @@ def analyze(f: Footing, data: dict) -> dict:
                        "final_loss": mean_interval([v["history"][-1]["loss"] for v in pipes.values()])}
     n = len(f.pipelines)
     tests = {"box": declared_tests(data, "box", n), "mask": declared_tests(data, "mask", n)}
-    t4 = tests["box"]["T4"]
-    power = None
-    if t4["n"] >= 2 and t4.get("sd"):
-        power = {"observed_effect": t4["mean"], "sd": t4["sd"], "n": t4["n"],
-                 "power_at_observed": power_paired(t4["mean"], t4["sd"], t4["n"]),
-                 "n_for_80pct": n_for_power(t4["mean"], t4["sd"]),
-                 "n_for_80pct_at_half_effect": n_for_power(t4["mean"] / 2, t4["sd"])}
-    return {"study": asdict(f), "data": data, "ap64": per_enc, "zero_shot": zero, "stage0": stage0, "tests": tests,
-            "t4_power": power}
+    power = {}
+    for name in ("T3", "T4", "T5", "T6"):  # how many pipelines would decide each finetuning test
+        t = tests["box"][name]
+        if t["n"] >= 2 and t.get("sd"):
+            power[name] = {"observed_effect": t["mean"], "sd": t["sd"], "n": t["n"],
+                           "power_at_observed": power_paired(t["mean"], t["sd"], t["n"]),
+                           "n_for_80pct": n_for_power(t["mean"], t["sd"]),
+                           "n_for_80pct_at_half_effect": n_for_power(t["mean"] / 2, t["sd"])}
+    finetuned = {row: {cell: {m: mean_interval([statistics.fmean(s[m] for s in seeds.values())
+                                                for _, seeds in sorted(pipes.items(), key=lambda kv: int(kv[0]))])
+                              for m in ("box", "mask")} for cell, pipes in cells.items()}
+                 for row, cells in data["finetuned"].items()}
+    return {"study": asdict(f), "data": data, "ap64": per_enc, "zero_shot": zero, "finetuned": finetuned,
+            "stage0": stage0, "tests": tests, "power": power, "t4_power": power.get("T4")}
 
 
 if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
-    print("error: winpos.experiments.footing is a library module, not a command; run winpos-reproduce (--help says how)",
-          file=__import__("sys").stderr)
+    print("error: winpos.experiments.footing is a library module, not a command; run winpos-reproduce "
+          "(--help says how)", file=__import__("sys").stderr)
     raise SystemExit(2)

@@ -1,6 +1,6 @@
 """Tables and figure of the equal-footing study (``winpos.experiments.footing``): every encoding's 64 px AP over
 pipelines, its zero-shot AP at each larger grid with a dot per pipeline (absolute AP, never a share of its own),
-the stage-0 readouts and the declared tests T1-T4 with Holm's adjustment."""
+the stage-0 readouts, the finetuned abs detectors and the declared tests T1-T6 with Holm's adjustment."""
 from __future__ import annotations
 
 from winpos.experiments.footing import TESTS, ZERO_SHOT, zero_shot_rows
@@ -40,14 +40,27 @@ def format_footing(result: dict) -> str:
     lines.append("\nzero-shot box AP (absolute; mean [95% CI] over pipelines):")
     for row, cells in result["zero_shot"].items():
         lines.append(f"  {row:9s} " + "; ".join(f"{cell}: {_mi(v['box'])}" for cell, v in sorted(cells.items())))
+    fin = result.get("finetuned") or {}
+    if fin:
+        lines.append("\nfinetuned box / mask AP (abs detectors; per pipeline the mean over finetuning seeds; "
+                     "mean [95% CI] over pipelines):")
+        for row, cells in fin.items():
+            lines.append(f"  {row:9s} " + "; ".join(f"{cell}: {_mi(v['box'])} / {_mi(v['mask'])}"
+                                                    for cell, v in sorted(cells.items())))
     for family in ("box", "mask"):
-        lines.append(f"\ndeclared tests, {family} AP (Holm over T1-T4; a test not run counts as p = 1):")
+        lines.append(f"\ndeclared tests, {family} AP (Holm over T1-T4 as declared, T5-T6 over all six; a test not run "
+                     "counts as p = 1):")
         for name, t in result["tests"][family].items():
             ci = "-" if t["ci"] is None else f"[{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]"
             mean = "-" if t["mean"] is None else f"{t['mean']:+.2f}"
             claim = TESTS[name].replace("box AP", f"{family} AP")
             lines.append(f"  {name} {claim}\n     n={t['n']} mean {mean} {ci}  p_t {_p(t['p_t'])}  "
                          f"p_sign-flip {_p(t['p_sign_flip'])}  Holm p {_p(t['p_holm'])}  -> {t['verdict']}")
+    for name, pw in (result.get("power") or {}).items():
+        need, half = (v or "over 500" for v in (pw["n_for_80pct"], pw["n_for_80pct_at_half_effect"]))
+        lines.append(f"\npower of {name} (box): effect {pw['observed_effect']:+.2f}, sd {pw['sd']:.2f} over {pw['n']} "
+                     f"pipelines -> power {pw['power_at_observed']:.2f}; 80% power needs {need} pipelines "
+                     f"({half} at half the effect)")
     mae = result.get("hiera_mae")
     if mae:
         h = mae["history"]
@@ -125,3 +138,55 @@ def plot_footing(result: dict, path: str) -> None:
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
+
+
+_FINETUNE_NAMES = {"naive": "naive", "abs2win": "abs-win", "control": "control\n(zero window)"}
+
+
+def plot_finetuned(result: dict, path: str) -> bool:
+    """The finetuned abs detectors (T3-T6): a panel per finetuning cell, box AP of naive / abs-win / control, a dot
+    per pipeline (its mean over finetuning seeds) joined by a grey line within the pipeline, the mean and its 95%
+    interval beside. Returns False (and writes nothing) when no finetuning run is there yet."""
+    data = result["data"]["finetuned"]
+    cells = sorted({c for row in data.values() for c in row}, key=lambda c: float(c.split()[-1].rstrip("x")))
+    if not cells:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from winpos.outputs import atomic_savefig
+
+    rows = [r for r in _FINETUNE_NAMES if r in data]
+    fig, axes = plt.subplots(1, len(cells), figsize=(5.2 * len(cells), 4.6), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        pipes = sorted({p for r in rows for p in data[r].get(cell, {})}, key=int)
+        per = {r: {p: sum(v["box"] for v in data[r][cell][p].values()) / len(data[r][cell][p])
+                   for p in pipes if p in data[r].get(cell, {})} for r in rows}
+        for p in pipes:
+            xs = [i for i, r in enumerate(rows) if p in per[r]]
+            ax.plot(xs, [per[rows[i]][p] for i in xs], "-", color="0.75", lw=0.8, zorder=1)
+        for i, r in enumerate(rows):
+            vals = list(per[r].values())
+            ax.plot([i] * len(vals), vals, ".", color=_COLORS.get(r, "tab:gray"), ms=7, zorder=2)
+            m = result["finetuned"].get(r, {}).get(cell, {}).get("box") or {}
+            if m.get("ci"):
+                ax.errorbar([i + 0.15], [m["mean"]], yerr=[[m["mean"] - m["ci"][0]], [m["ci"][1] - m["mean"]]],
+                            fmt="o", color=_COLORS.get(r, "tab:gray"), capsize=4, mfc="none", zorder=3)
+        ax.set_xticks(range(len(rows)))
+        ax.set_xticklabels([_FINETUNE_NAMES[r] for r in rows])
+        ax.set_xlim(-0.4, len(rows) - 0.4)
+        ax.set_ylabel(f"box AP after finetuning at {cell}")
+        tests = [n for n, t in result["tests"]["box"].items() if cell in TESTS[n] and t["n"] >= 2]
+        box = result["tests"]["box"]
+        sub = "; ".join(f"{n} {box[n]['mean']:+.2f} AP, Holm p {box[n]['p_holm']:.3f}" for n in tests)
+        ax.set_title(f"{cell}: {len(pipes)} pipelines (grey: one detector)\n{sub}", fontsize=9)
+        ax.grid(alpha=0.3)
+    s = result["study"]
+    fig.suptitle(f"Finetuned abs detectors ({s['finetune_iters']} it, seeds {list(s['finetune_seeds'])}): dots = a "
+                 "pipeline's mean over seeds, circle = mean and 95% CI over pipelines", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    atomic_savefig(fig, path, dpi=110)
+    plt.close(fig)
+    return True
