@@ -24,7 +24,7 @@ def progress(line: str) -> None:
 
 
 def _progress_hook(every: int):
-    from winpos.d2.engine import ProgressHook
+    from winpos.d2.hooks import ProgressHook
 
     return ProgressHook(every, progress)
 
@@ -87,7 +87,8 @@ def evaluate_checkpoint(cfg, checkpoint: str, zero_embedding: bool = False) -> d
 def run_detect(spec: dict) -> dict:
     """Train (resuming in its own folder) and evaluate one detection run, or evaluate its init (``iters`` 0)."""
     import winpos.d2  # noqa: F401 - registrations
-    from winpos.d2.engine import do_train, log_detectron2_to_file
+    from winpos.d2.engine import do_train
+    from winpos.d2.hooks import log_detectron2_to_file
     from winpos.experiments.protocol import PLANTED_START, build_cfg
 
     log_detectron2_to_file(os.path.join(spec["out"], "d2log.txt"))

@@ -286,7 +286,7 @@ def set_run_fields(cfg, spec: dict, checkpoints: int, warmup: int):
     cfg.train.device = "cpu"
     cfg.optimizer.lr = spec["lr"]
     if spec["iters"] > 0:
-        from winpos.d2.engine import warmup_step_schedule
+        from winpos.d2.hooks import warmup_step_schedule
 
         cfg.lr_multiplier = warmup_step_schedule(spec["iters"], warmup)
     return cfg
