@@ -180,13 +180,17 @@ def test_finetuned_figure_is_drawn_only_when_there_is_a_finetuning_run(tmp_path)
     f = F.Footing(config=CONFIG, output_dir=str(tmp_path))
     assert plot_finetuned(F.analyze(f, data), str(tmp_path / "none.png")) is False
     assert not (tmp_path / "none.png").exists()
-    data["finetuned"] = _finetuned("canvas 4x", [[10, 11], [9, 9], [12, 13]], [[12, 12], [10, 11], [13, 13]],
-                                   [[11, 11], [9, 10], [12, 14]])
+    data["finetuned"] = _finetuned("canvas 4x", [[10, 11, 12], [9, 9, 9], [12, 13, 11], [30, 30]],
+                                   [[12, 12, 13], [10, 12, 10], [13, 13, 14], [90, 90]],
+                                   [[11, 11, 12], [9, 10, 10], [12, 14, 12], [50, 50]])
     result = F.analyze(f, data)
     assert plot_finetuned(result, str(tmp_path / "fine.png")) is True
     assert (tmp_path / "fine.png").stat().st_size > 10_000
+    # pipeline 3 has two of the three finetuning seeds: left out of the means and the tests, not averaged over two
+    assert result["tests"]["box"]["T3"]["n"] == 3 and result["finetuned"]["abs2win"]["canvas 4x"]["box"]["n"] == 3
+    assert result["tests"]["box"]["T3"]["mean"] == pytest.approx(((37 - 33) + (32 - 27) + (40 - 36)) / 9)
     text = format_footing(result)
-    assert "finetuned box / mask AP" in text and "power of T3 (box)" in text and "canvas 4x: 11.8" in text
+    assert "finetuned box / mask AP" in text and "power of T3 (box)" in text and "abs2win   canvas 4x: 12.1" in text
 
 
 def test_power_grows_with_n():

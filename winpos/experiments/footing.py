@@ -319,20 +319,24 @@ def _paired(a: dict, b: dict, metric: str) -> list:
     return [a[p][metric] - b[p][metric] for p in sorted(set(a) & set(b), key=int)]
 
 
-def _detector_means(fin: dict, treat: str, base: str, cell: str, metric: str) -> list:
+def _detector_means(fin: dict, treat: str, base: str, cell: str, metric: str, seeds) -> list:
+    """Per pipeline whose runs of both rows are there for every one of ``seeds``: the mean over the seeds of
+    treatment - baseline (a detector-level mean). A pipeline with a seed missing is left out, not averaged over
+    fewer seeds."""
     out = []
     a, b = fin.get(treat, {}).get(cell, {}), fin.get(base, {}).get(cell, {})
+    want = [str(s) for s in seeds]
     for p in sorted(set(a) & set(b), key=int):
-        seeds = sorted(set(a[p]) & set(b[p]))
-        if seeds:
-            out.append(statistics.fmean(a[p][s][metric] - b[p][s][metric] for s in seeds))
+        if all(s in a[p] and s in b[p] for s in want):
+            out.append(statistics.fmean(a[p][s][metric] - b[p][s][metric] for s in want))
     return out
 
 
-def declared_tests(data: dict, metric: str, declared_n: int = 6) -> dict:
+def declared_tests(data: dict, metric: str, declared_n: int = 6, seeds=(0, 1, 2)) -> dict:
     """T1-T6 on ``metric`` ("box" or "mask": each its own family), with Holm's adjustment over the declared four
     for T1-T4 and over all six for T5 / T6 (``holm_family``). A test with fewer than ``declared_n`` pipelines (the
-    number declared) gets its numbers but no verdict (interim)."""
+    number declared) gets its numbers but no verdict (interim); the finetuning tests count a pipeline once all
+    its ``seeds`` (the finetuning seeds) are there."""
     ap, zs, fin = data["ap64"], data["zero_shot"], data["finetuned"]
     t2 = {}
     for enc in ("lookhere", "rope"):
@@ -342,10 +346,10 @@ def declared_tests(data: dict, metric: str, declared_n: int = 6) -> dict:
     diffs = {
         "T1": (_paired(ap.get("rope", {}), ap.get("relpos", {}), metric), T1_MARGIN, "greater"),
         "T2": (_paired(t2["lookhere"], t2["rope"], metric), 0.0, "two-sided"),
-        "T3": (_detector_means(fin, "abs2win", "naive", "canvas 4x", metric), 0.0, "two-sided"),
-        "T4": (_detector_means(fin, "abs2win", "control", "canvas 4x", metric), 0.0, "two-sided"),
-        "T5": (_detector_means(fin, "abs2win", "naive", "canvas 1.25x", metric), 0.0, "two-sided"),
-        "T6": (_detector_means(fin, "abs2win", "control", "canvas 1.25x", metric), 0.0, "two-sided"),
+        "T3": (_detector_means(fin, "abs2win", "naive", "canvas 4x", metric, seeds), 0.0, "two-sided"),
+        "T4": (_detector_means(fin, "abs2win", "control", "canvas 4x", metric, seeds), 0.0, "two-sided"),
+        "T5": (_detector_means(fin, "abs2win", "naive", "canvas 1.25x", metric, seeds), 0.0, "two-sided"),
+        "T6": (_detector_means(fin, "abs2win", "control", "canvas 1.25x", metric, seeds), 0.0, "two-sided"),
     }
     tests = {name: dict(t_test(d, shift, alt), claim=TESTS[name]) for name, (d, shift, alt) in diffs.items()}
     four = [k for k in tests if k in DECLARED_FAMILY]
@@ -355,7 +359,7 @@ def declared_tests(data: dict, metric: str, declared_n: int = 6) -> dict:
     for name, t in tests.items():
         t["p_holm"], t["p_sign_flip_holm"] = adjusted[name], adjusted_sf[name]
         t["holm_family"] = list(four) if name in DECLARED_FAMILY else list(tests)
-        t["verdict"] = _verdict(name, t) if t["n"] >= declared_n or t["n"] < 2 else \
+        t["verdict"] = _verdict(name, t) if t["n"] >= declared_n or t["n"] == 0 else \
             f"interim: {t['n']} of the {declared_n} declared pipelines, no verdict"
     return tests
 
@@ -387,7 +391,8 @@ def analyze(f: Footing, data: dict) -> dict:
         stage0[enc] = {"final_ws": mean_interval(ws) if ws else None,
                        "final_loss": mean_interval([v["history"][-1]["loss"] for v in pipes.values()])}
     n = len(f.pipelines)
-    tests = {"box": declared_tests(data, "box", n), "mask": declared_tests(data, "mask", n)}
+    seeds = f.finetune_seeds
+    tests = {"box": declared_tests(data, "box", n, seeds), "mask": declared_tests(data, "mask", n, seeds)}
     power = {}
     for name in ("T3", "T4", "T5", "T6"):  # how many pipelines would decide each finetuning test
         t = tests["box"][name]
@@ -396,8 +401,10 @@ def analyze(f: Footing, data: dict) -> dict:
                            "power_at_observed": power_paired(t["mean"], t["sd"], t["n"]),
                            "n_for_80pct": n_for_power(t["mean"], t["sd"]),
                            "n_for_80pct_at_half_effect": n_for_power(t["mean"] / 2, t["sd"])}
-    finetuned = {row: {cell: {m: mean_interval([statistics.fmean(s[m] for s in seeds.values())
-                                                for _, seeds in sorted(pipes.items(), key=lambda kv: int(kv[0]))])
+    def whole(pipes):  # the pipelines with every finetuning seed, in order (a detector-level mean each)
+        return [v for _, v in sorted(pipes.items(), key=lambda kv: int(kv[0])) if all(str(s) in v for s in seeds)]
+
+    finetuned = {row: {cell: {m: mean_interval([statistics.fmean(v[str(s)][m] for s in seeds) for v in whole(pipes)])
                               for m in ("box", "mask")} for cell, pipes in cells.items()}
                  for row, cells in data["finetuned"].items()}
     return {"study": asdict(f), "data": data, "ap64": per_enc, "zero_shot": zero, "finetuned": finetuned,

@@ -3,7 +3,7 @@ pipelines, its zero-shot AP at each larger grid with a dot per pipeline (absolut
 the stage-0 readouts, the finetuned abs detectors and the declared tests T1-T6 with Holm's adjustment."""
 from __future__ import annotations
 
-from winpos.experiments.footing import TESTS, ZERO_SHOT, zero_shot_rows
+from winpos.experiments.footing import FINETUNE_CELLS, TESTS, ZERO_SHOT, zero_shot_rows
 from winpos.experiments.protocol import label
 
 _COLORS = {"rope": "tab:orange", "relpos": "tab:green", "lookhere": "tab:purple", "abs": "tab:blue",
@@ -145,11 +145,11 @@ _FINETUNE_NAMES = {"naive": "naive", "abs2win": "abs-win", "control": "control\n
 
 def plot_finetuned(result: dict, path: str) -> bool:
     """The finetuned abs detectors (T3-T6): a panel per finetuning cell, box AP of naive / abs-win / control, a dot
-    per pipeline (its mean over finetuning seeds) joined by a grey line within the pipeline, the mean and its 95%
-    interval beside. Returns False (and writes nothing) when no finetuning run is there yet."""
+    per pipeline with every finetuning seed (its mean over them) joined by a grey line within the pipeline, the
+    mean and its 95% interval beside; a cell with no such pipeline yet says so. Returns False (and writes nothing)
+    when no finetuning run is there at all."""
     data = result["data"]["finetuned"]
-    cells = sorted({c for row in data.values() for c in row}, key=lambda c: float(c.split()[-1].rstrip("x")))
-    if not cells:
+    if not any(data.values()):
         return False
     import matplotlib
 
@@ -158,12 +158,15 @@ def plot_finetuned(result: dict, path: str) -> bool:
 
     from winpos.outputs import atomic_savefig
 
-    rows = [r for r in _FINETUNE_NAMES if r in data]
-    fig, axes = plt.subplots(1, len(cells), figsize=(5.2 * len(cells), 4.6), squeeze=False)
+    s = result["study"]
+    seeds = [str(x) for x in s["finetune_seeds"]]
+    cells = [f"{c} {label(k)}" for c, k in FINETUNE_CELLS]
+    rows = list(_FINETUNE_NAMES)
+    fig, axes = plt.subplots(1, len(cells), figsize=(5.6 * len(cells), 4.8), squeeze=False)
     for ax, cell in zip(axes[0], cells):
-        pipes = sorted({p for r in rows for p in data[r].get(cell, {})}, key=int)
-        per = {r: {p: sum(v["box"] for v in data[r][cell][p].values()) / len(data[r][cell][p])
-                   for p in pipes if p in data[r].get(cell, {})} for r in rows}
+        per = {r: {p: sum(v[x]["box"] for x in seeds) / len(seeds)
+                   for p, v in data.get(r, {}).get(cell, {}).items() if all(x in v for x in seeds)} for r in rows}
+        pipes = sorted({p for r in rows for p in per[r]}, key=int)
         for p in pipes:
             xs = [i for i, r in enumerate(rows) if p in per[r]]
             ax.plot(xs, [per[rows[i]][p] for i in xs], "-", color="0.75", lw=0.8, zorder=1)
@@ -174,18 +177,25 @@ def plot_finetuned(result: dict, path: str) -> bool:
             if m.get("ci"):
                 ax.errorbar([i + 0.15], [m["mean"]], yerr=[[m["mean"] - m["ci"][0]], [m["ci"][1] - m["mean"]]],
                             fmt="o", color=_COLORS.get(r, "tab:gray"), capsize=4, mfc="none", zorder=3)
+        allv = [v for r in rows for v in per[r].values()]
+        if allv:  # at least +-1.5 AP around the points, so a 0.1 AP difference does not fill the panel
+            mid, half = (max(allv) + min(allv)) / 2, max((max(allv) - min(allv)) / 2 + 0.3, 1.5)
+            ax.set_ylim(mid - half, mid + half)
+        else:
+            ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center", va="center", color="0.4")
+            ax.set_yticks([])
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([_FINETUNE_NAMES[r] for r in rows])
         ax.set_xlim(-0.4, len(rows) - 0.4)
         ax.set_ylabel(f"box AP after finetuning at {cell}")
-        tests = [n for n, t in result["tests"]["box"].items() if cell in TESTS[n] and t["n"] >= 2]
         box = result["tests"]["box"]
+        tests = [n for n, t in box.items() if f"at {cell}" in TESTS[n] and t["n"] >= 2 and t["p_holm"] is not None]
         sub = "; ".join(f"{n} {box[n]['mean']:+.2f} AP, Holm p {box[n]['p_holm']:.3f}" for n in tests)
-        ax.set_title(f"{cell}: {len(pipes)} pipelines (grey: one detector)\n{sub}", fontsize=9)
+        ax.set_title(f"{cell}: {len(pipes)} pipeline{'s' * (len(pipes) != 1)} (grey line: one detector)"
+                     + (f"\n{sub}" if sub else ""), fontsize=9)
         ax.grid(alpha=0.3)
-    s = result["study"]
-    fig.suptitle(f"Finetuned abs detectors ({s['finetune_iters']} it, seeds {list(s['finetune_seeds'])}): dots = a "
-                 "pipeline's mean over seeds, circle = mean and 95% CI over pipelines", fontsize=10)
+    fig.suptitle(f"Finetuned abs detectors, {s['finetune_iters']} iterations, finetuning seeds {', '.join(seeds)}\n"
+                 "dot = a pipeline's mean over its seeds; circle = mean and 95% CI over pipelines", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
