@@ -197,7 +197,25 @@ def test_power_grows_with_n():
     assert ST.power_paired(0.5, 1.0, 6) < ST.power_paired(0.5, 1.0, 30) < 1
     n = ST.n_for_power(0.5, 1.0)
     assert ST.power_paired(0.5, 1.0, n) >= 0.8 > ST.power_paired(0.5, 1.0, n - 1)
-    assert 30 < n < 40  # d = 0.5: about 34 (normal approximation 31.4 plus the t correction)
+    assert n == 34  # d = 0.5, two-sided 0.05, 80%: the textbook noncentral-t answer
+
+
+@pytest.mark.parametrize("n", [2, 3, 6, 12])
+def test_power_is_the_rejection_rate_of_simulated_t_tests(n):
+    """Independent reference: 100k simulated samples of n normal values (mean d, sd 1), each t-tested; the exact
+    power must match the share rejected within 4 Monte Carlo standard errors, and equal alpha at d = 0."""
+    import numpy as np
+
+    crit = ST.t_quantile(0.975, n - 1)
+    rng = np.random.default_rng(n)
+    for d in (0.0, 0.4, 1.5):
+        x = rng.standard_normal((100_000, n)) + d
+        t = x.mean(1) / (x.std(1, ddof=1) / np.sqrt(n))
+        share = float((np.abs(t) > crit).mean())
+        power = ST.power_paired(d, 1.0, n)
+        assert abs(power - share) < 4 * np.sqrt(share * (1 - share) / 100_000) + 1e-4, (n, d, power, share)
+    assert ST.power_paired(0.0, 2.0, n) == pytest.approx(0.05, abs=1e-6)
+    assert ST.power_paired(0.7, 1.0, n) == pytest.approx(ST.power_paired(-0.7, 1.0, n))
 
 
 def _finished(tmp_path, keep_weights=True):

@@ -164,17 +164,40 @@ def holm(pvalues: dict) -> dict:
     return out
 
 
-def power_paired(effect: float, sd: float, n: int, alpha: float = 0.05) -> float:
-    """Approximate power of a two-sided one-sample t test (normal approximation with the t critical value)."""
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def power_paired(effect: float, sd: float, n: int, alpha: float = 0.05, points: int = 2000) -> float:
+    """Power of a two-sided one-sample t test at level ``alpha`` with ``n`` values whose true mean is ``effect`` and
+    standard deviation ``sd``: P(|T| > t_crit) for T noncentral t with n - 1 degrees of freedom and noncentrality
+    effect * sqrt(n) / sd. Exact up to the quadrature: T = (Z + delta) / (U / sqrt(df)) with U chi-distributed, so
+    the power is the expectation over U of Phi(delta - c U / sqrt(df)) + Phi(-delta - c U / sqrt(df)), integrated
+    by Simpson's rule over U's density on its mode +- 12. At effect 0 it is ``alpha``. (The normal approximation
+    with the t critical value, which it replaces, gave about 0 instead of 0.05 at n = 3.)"""
     if sd <= 0 or n < 2:
         return float("nan")
-    crit = t_quantile(1 - alpha / 2, n - 1)
-    shift = abs(effect) / (sd / math.sqrt(n))
-    z = lambda x: 0.5 * (1 + math.erf(x / math.sqrt(2)))  # noqa: E731
-    return z(shift - crit) + z(-shift - crit)
+    df = n - 1
+    crit = t_quantile(1 - alpha / 2, df)
+    delta = abs(effect) * math.sqrt(n) / sd
+    log_norm = math.log(2.0) - (df / 2) * math.log(2.0) - math.lgamma(df / 2)  # chi density's constant
+    lo = max(0.0, math.sqrt(max(df - 1, 0)) - 12.0)
+    step = (math.sqrt(max(df - 1, 0)) + 12.0 - lo) / points
+    total = 0.0
+    for i in range(points + 1):
+        u = lo + i * step
+        if u > 0:
+            density = math.exp(log_norm + (df - 1) * math.log(u) - u * u / 2)
+        else:  # the density at 0 is 0 unless df = 1
+            density = math.exp(log_norm) if df == 1 else 0.0
+        s = crit * u / math.sqrt(df)
+        weight = 1 if i in (0, points) else (4 if i % 2 else 2)
+        total += weight * density * (_normal_cdf(delta - s) + _normal_cdf(-delta - s))
+    return min(1.0, total * step / 3)
 
 
 def n_for_power(effect: float, sd: float, target: float = 0.8, alpha: float = 0.05) -> int | None:
+    """The smallest n (2-499) at which :func:`power_paired` reaches ``target``; None when none does."""
     for n in range(2, 500):
         if power_paired(effect, sd, n, alpha) >= target:
             return n
