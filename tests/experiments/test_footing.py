@@ -186,6 +186,10 @@ def test_finetuned_figure_is_drawn_only_when_there_is_a_finetuning_run(tmp_path)
     result = F.analyze(f, data)
     assert plot_finetuned(result, str(tmp_path / "fine.png")) is True
     assert (tmp_path / "fine.png").stat().st_size > 10_000
+    from PIL import Image
+
+    width, height = Image.open(tmp_path / "fine.png").size  # a column per cell, levels above the paired differences
+    assert (width, height) == (round(5.6 * 2 * 110), round(8.2 * 110))
     # pipeline 3 has two of the three finetuning seeds: left out of the means and the tests, not averaged over two
     assert result["tests"]["box"]["T3"]["n"] == 3 and result["finetuned"]["abs2win"]["canvas 4x"]["box"]["n"] == 3
     assert result["tests"]["box"]["T3"]["mean"] == pytest.approx(((37 - 33) + (32 - 27) + (40 - 36)) / 9)

@@ -143,11 +143,17 @@ def plot_footing(result: dict, path: str) -> None:
 _FINETUNE_NAMES = {"naive": "naive", "abs2win": "abs-win", "control": "control\n(zero window)"}
 
 
+def _cell_tests(cell: str) -> list:
+    """The declared finetuning tests of one cell, in order (e.g. T3, T4 for canvas 4x)."""
+    return [n for n, claim in TESTS.items() if f"at {cell}" in claim]
+
+
 def plot_finetuned(result: dict, path: str) -> bool:
-    """The finetuned abs detectors (T3-T6): a panel per finetuning cell, box AP of naive / abs-win / control, a dot
-    per pipeline with every finetuning seed (its mean over them) joined by a grey line within the pipeline, the
-    mean and its 95% interval beside; a cell with no such pipeline yet says so. Returns False (and writes nothing)
-    when no finetuning run is there at all."""
+    """The finetuned abs detectors (T3-T6), a column per finetuning cell. Top: box AP of naive / abs-win / control,
+    a dot per pipeline that has every finetuning seed (its mean over them), joined by a grey line within the
+    pipeline. Bottom: what the tests test, the paired difference per pipeline (abs-win - naive, abs-win - control),
+    its mean with the test's 95% t-interval, the zero line, n and the Holm-adjusted p. A cell with no such pipeline
+    yet says so. Returns False (and writes nothing) when no finetuning run is there at all."""
     data = result["data"]["finetuned"]
     if not any(data.values()):
         return False
@@ -162,8 +168,10 @@ def plot_finetuned(result: dict, path: str) -> bool:
     seeds = [str(x) for x in s["finetune_seeds"]]
     cells = [f"{c} {label(k)}" for c, k in FINETUNE_CELLS]
     rows = list(_FINETUNE_NAMES)
-    fig, axes = plt.subplots(1, len(cells), figsize=(5.6 * len(cells), 4.8), squeeze=False)
-    for ax, cell in zip(axes[0], cells):
+    fig, axes = plt.subplots(2, len(cells), figsize=(5.6 * len(cells), 8.2), squeeze=False,
+                             gridspec_kw=dict(height_ratios=(1.15, 1)))
+    for col, cell in enumerate(cells):
+        ax, dax = axes[0][col], axes[1][col]
         per = {r: {p: sum(v[x]["box"] for x in seeds) / len(seeds)
                    for p, v in data.get(r, {}).get(cell, {}).items() if all(x in v for x in seeds)} for r in rows}
         pipes = sorted({p for r in rows for p in per[r]}, key=int)
@@ -172,31 +180,52 @@ def plot_finetuned(result: dict, path: str) -> bool:
             ax.plot(xs, [per[rows[i]][p] for i in xs], "-", color="0.75", lw=0.8, zorder=1)
         for i, r in enumerate(rows):
             vals = list(per[r].values())
-            ax.plot([i] * len(vals), vals, ".", color=_COLORS.get(r, "tab:gray"), ms=7, zorder=2)
-            m = result["finetuned"].get(r, {}).get(cell, {}).get("box") or {}
-            if m.get("ci"):
-                ax.errorbar([i + 0.15], [m["mean"]], yerr=[[m["mean"] - m["ci"][0]], [m["ci"][1] - m["mean"]]],
-                            fmt="o", color=_COLORS.get(r, "tab:gray"), capsize=4, mfc="none", zorder=3)
+            ax.plot([i] * len(vals), vals, ".", color=_COLORS.get(r, "tab:gray"), ms=8, zorder=2)
         allv = [v for r in rows for v in per[r].values()]
         if allv:  # at least +-1.5 AP around the points, so a 0.1 AP difference does not fill the panel
             mid, half = (max(allv) + min(allv)) / 2, max((max(allv) - min(allv)) / 2 + 0.3, 1.5)
             ax.set_ylim(mid - half, mid + half)
-        else:
-            ax.text(0.5, 0.5, "not run yet", transform=ax.transAxes, ha="center", va="center", color="0.4")
-            ax.set_yticks([])
         ax.set_xticks(range(len(rows)))
         ax.set_xticklabels([_FINETUNE_NAMES[r] for r in rows])
-        ax.set_xlim(-0.4, len(rows) - 0.4)
+        ax.set_xlim(-0.5, len(rows) - 0.5)
         ax.set_ylabel(f"box AP after finetuning at {cell}")
-        box = result["tests"]["box"]
-        tests = [n for n, t in box.items() if f"at {cell}" in TESTS[n] and t["n"] >= 2 and t["p_holm"] is not None]
-        sub = "; ".join(f"{n} {box[n]['mean']:+.2f} AP, Holm p {box[n]['p_holm']:.3f}" for n in tests)
-        ax.set_title(f"{cell}: {len(pipes)} pipeline{'s' * (len(pipes) != 1)} (grey line: one detector)"
-                     + (f"\n{sub}" if sub else ""), fontsize=9)
+        ax.set_title(f"{cell}: {len(pipes)} pipeline{'s' * (len(pipes) != 1)} with seeds {', '.join(seeds)} "
+                     "(grey line: one detector)", fontsize=9)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"Finetuned abs detectors, {s['finetune_iters']} iterations, finetuning seeds {', '.join(seeds)}\n"
-                 "dot = a pipeline's mean over its seeds; circle = mean and 95% CI over pipelines", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+
+        names = _cell_tests(cell)
+        box = result["tests"]["box"]
+        spans = [0.0]
+        for j, name in enumerate(names):
+            base = "naive" if "- naive" in TESTS[name] else "control"
+            d = [per["abs2win"][p] - per[base][p] for p in pipes if p in per["abs2win"] and p in per[base]]
+            spans += d
+            dax.plot([j] * len(d), d, ".", color="0.35", ms=8, zorder=2)
+            t = box[name]
+            if t["n"] >= 2 and t["ci"] is not None:
+                spans += list(t["ci"])
+                dax.errorbar([j + 0.18], [t["mean"]], yerr=[[t["mean"] - t["ci"][0]], [t["ci"][1] - t["mean"]]],
+                             fmt="o", color="tab:red", capsize=5, mfc="none", zorder=3)
+                dax.annotate(f"{t['mean']:+.2f}\n[{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]\nHolm p {t['p_holm']:.2f}",
+                             (j + 0.26, t["mean"]), fontsize=8, va="center", color="tab:red")
+        dax.axhline(0, color="k", lw=0.8)
+        half = max(max(abs(v) for v in spans) * 1.15, 1.0)
+        dax.set_ylim(-half, half)
+        dax.set_xticks(range(len(names)))
+        dax.set_xticklabels([f"{n}: abs-win - {'naive' if '- naive' in TESTS[n] else 'control'}" for n in names])
+        dax.set_xlim(-0.5, len(names) - 0.3)
+        dax.set_ylabel("paired difference, box AP")
+        n_t = [box[n]["n"] for n in names]
+        dax.set_title(f"what {' / '.join(names)} test: a dot per pipeline, mean and 95% t-interval (n = "
+                      f"{', '.join(map(str, n_t))})", fontsize=9)
+        dax.grid(alpha=0.3)
+        if not allv:
+            for a, y in ((ax, 0.5), (dax, 0.75)):
+                a.text(0.5, y, "not run yet", transform=a.transAxes, ha="center", va="center", color="0.4")
+                a.set_yticks([])
+    fig.suptitle(f"Finetuned abs detectors ({s['finetune_iters']} iterations); "
+                 "a dot = one pipeline's mean over its finetuning seeds", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return True
