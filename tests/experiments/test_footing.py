@@ -72,6 +72,34 @@ def test_pipelines_are_independent_and_encodings_paired_within_one():
     # the declared cell's runs of every pipeline come before any run of the added cell
     order = [s["size"] for s in F.all_specs(study) if s["iters"] > 0 and s["kind"] == "detect" and s["seed"] < 100]
     assert order == [256] * 9 * 6 + [80] * 9 * 6
+    # the diagnosis: each abs detector at 64 px with its embedding zeroed, after its chain, archived like any run
+    ne = F.no_embedding_spec(f, 3)
+    assert ne["zero_embedding"] is True and ne["iters"] == 0 and ne["size"] == 64
+    assert ne["init"] == str(Path(F.stage1_spec(f, 3, "abs")["out"]) / "model_final.pth")
+    assert Path(ne["out"]).parent.name == "diagnosis" and ne["out"] != F.stage1_spec(f, 3, "abs")["out"]
+    assert [s for s in F.all_specs(f) if s.get("zero_embedding")] == [F.no_embedding_spec(f, p) for p in f.pipelines]
+    assert F.diagnosis_specs(F.Footing(config=CONFIG, encodings=("rope",)), 0) == []
+
+
+def test_diagnosis_reliance_structure_and_zero_shot_gain():
+    ap = lambda vals: {str(p): {"box": v, "mask": v / 2} for p, v in enumerate(vals)}  # noqa: E731
+    data = {"ap64": {"abs": ap([16, 15, 17])}, "finetuned": {}, "stage0": {},
+            "zero_shot": {"naive": {"canvas 2x": ap([11, 12, 13])}, "abs2win": {"canvas 2x": ap([12, 12, 14])}},
+            "no_embedding": {str(p): dict(ap([15, 15, 16])[str(p)], window_structure={"ws": w, "ws_naive_2x": 0.0})
+                             for p, w in enumerate([0.5, 0.6, 0.7])}}
+    d = F.diagnosis(data)
+    assert d["reliance"]["box"]["mean"] == pytest.approx((1 + 0 + 1) / 3) and d["reliance"]["box"]["n"] == 3
+    assert d["reliance"]["mask"]["mean"] == pytest.approx(1 / 3)
+    assert d["window_structure"]["ws"]["mean"] == pytest.approx(0.6) and d["window_structure"]["ws"]["ci"] is not None
+    assert d["zero_shot_gain"]["canvas 2x"]["box"]["mean"] == pytest.approx(2 / 3)
+    from winpos.experiments.footing_report import format_footing
+
+    with_rope = dict(data, ap64={**data["ap64"], "rope": ap([1, 2, 3])})
+    text = format_footing(F.analyze(F.Footing(config=CONFIG), with_rope))
+    assert "64 px AP lost when the embedding is zeroed: box +0.67" in text
+    assert "zero-shot abs-win - naive, canvas 2x: box +0.67" in text and "centred WS@4 at 64 px 0.60 [" in text and "naive 2x 0.00" in text
+    empty = F.diagnosis({"ap64": {}, "zero_shot": {}})  # nothing run yet: no numbers, no failure
+    assert empty["reliance"]["box"]["n"] == 0 and empty["window_structure"] == {} and empty["zero_shot_gain"] == {}
 
 
 @pytest.mark.parametrize("kw,message", [(dict(encodings=("rope", "alibi")), "unknown encoding"),

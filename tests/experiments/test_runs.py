@@ -63,6 +63,13 @@ def test_one_run_in_its_own_process_reused_only_with_its_identity(tmp_path):
     assert R.launch(s, logs.append) == out and logs[-1] == "reuse t (finished before, same identity)"
     with pytest.raises(WinposError, match="iters 3 here, 2 there"):  # never reported under other settings
         R.launch(dict(s, iters=3), logs.append)
+    # the detector with its embedding zeroed (the study's diagnosis): AP, and what was zeroed, kept in the result
+    from winpos.experiments.checkpoints import window_structure
+
+    final = str(Path(s["out"]) / "model_final.pth")
+    zeroed = R.launch(dict(s, name="z", iters=0, zero_embedding=True, init=final, out=str(tmp_path / "z")), logs.append)
+    assert set(zeroed["bbox"]) >= {"AP", "AP50"} and zeroed["window_structure"] == window_structure(final)
+    assert zeroed["window_structure"]["ws"] > 0.5  # the planted start's window pattern
 
 
 def test_a_failed_run_names_its_log_and_the_tool_exits_1(tmp_path):

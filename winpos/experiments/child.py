@@ -158,6 +158,10 @@ def main(spec: dict) -> None:
         results = run_detect(spec)
         out = {"spec": spec, "bbox": {k: float(v) for k, v in results["bbox"].items()},
                "segm": {k: float(v) for k, v in results["segm"].items()}}
+        if spec.get("zero_embedding"):  # what was zeroed: the embedding's window structure, kept with the result
+            from winpos.experiments.checkpoints import window_structure
+
+            out["window_structure"] = window_structure(spec["init"])
     out["seconds"] = time.time() - t0
     out["threads"] = torch.get_num_threads()
     # do_train (detection) and pretrain (stage 0) seed torch, numpy and random from the spec's seed, so this run is

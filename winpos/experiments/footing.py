@@ -133,6 +133,19 @@ def chain_specs(f: Footing, p: int, enc: str) -> list[dict]:
     return [stage0_spec(f, p, enc), stage1_spec(f, p, enc)] + zero
 
 
+def no_embedding_spec(f: Footing, p: int) -> dict:
+    """Diagnosis, not a declared test: pipeline ``p``'s abs detector at 64 px with its token embedding set to zero
+    (how much the detector relies on the embedding at all); its result also records the embedding's window
+    structure (WS@4 at 64 px, and after naive and abs-win resizing)."""
+    s1 = stage1_spec(f, p, "abs")
+    return dict(s1, name=f"p{p}/abs/no-embedding", iters=0, zero_embedding=True,
+                init=str(Path(s1["out"]) / "model_final.pth"), out=str(f.root(p, "abs") / "diagnosis" / "no_embedding"))
+
+
+def diagnosis_specs(f: Footing, p: int) -> list[dict]:
+    return [no_embedding_spec(f, p)] if "abs" in f.encodings else []
+
+
 def finetune_specs(f: Footing, p: int, cells=FINETUNE_CELLS) -> list[dict]:
     if not f.finetune or "abs" not in f.encodings:
         return []
@@ -178,7 +191,8 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
     def chain(p, enc):
         def go():
             try:
-                needed = chain_specs(f, p, enc) + (finetune_specs(f, p) if enc == "abs" else [])
+                extra = diagnosis_specs(f, p) + finetune_specs(f, p) if enc == "abs" else []
+                needed = chain_specs(f, p, enc) + extra
                 if all(settled(s) for s in needed):
                     log(f"skip p{p}/{enc}: every run of it is finished or archived")
                     return
@@ -189,7 +203,7 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
                     for how in {c for c in FINETUNE_ROWS.values() if c}:
                         if not Path(converted_init(f, p, how)).is_file():
                             convert(final, converted_init(f, p, how), how)
-                for spec in chain_specs(f, p, enc)[2:]:
+                for spec in chain_specs(f, p, enc)[2:] + (diagnosis_specs(f, p) if enc == "abs" else []):
                     launch(spec)
             finally:
                 if enc == "abs":
@@ -231,7 +245,7 @@ def all_specs(f: Footing, mae_iters: int | None = None) -> list[dict]:
     """Every run of the study, in the order ``run`` starts them (the MAE variant first when asked for)."""
     specs = [mae_spec(f, mae_iters)] if mae_iters else []
     for p in f.pipelines:
-        specs += [s for enc in f.encodings for s in chain_specs(f, p, enc)]
+        specs += [s for enc in f.encodings for s in chain_specs(f, p, enc)] + diagnosis_specs(f, p)
     for cell in FINETUNE_CELLS:
         for p in f.pipelines:
             specs += finetune_specs(f, p, (cell,))
@@ -258,10 +272,12 @@ def archive_all(f: Footing, log=print, mae_iters: int | None = None) -> dict:
 def collect(f: Footing) -> dict:
     """Every finished run of the study (from its folder, else from ``f.archive_dir``), keyed for the analysis:
     ``stage0[enc][p]`` (WS history and reliance), ``ap64[enc][p]``, ``zero_shot[row][cell][p]`` and
-    ``finetuned[row][cell][p][seed]`` (box and mask AP each), plus ``started_utc`` of every run."""
+    ``finetuned[row][cell][p][seed]`` (box and mask AP each), ``no_embedding[p]`` (the abs detector's AP with its
+    embedding zeroed, and the embedding's window structure), plus ``started_utc`` of every run."""
     from winpos.experiments import archive as A
 
-    out = {"stage0": {}, "ap64": {}, "zero_shot": {}, "finetuned": {}, "started_utc": {}, "missing": []}
+    out = {"stage0": {}, "ap64": {}, "zero_shot": {}, "finetuned": {}, "no_embedding": {}, "started_utc": {},
+           "missing": []}
 
     def take(spec):
         res = A.finished_or_archived(spec, f.archive_dir)
@@ -284,6 +300,10 @@ def collect(f: Footing) -> dict:
                     res = take(zero_shot_spec(f, p, enc, row, c, k))
                     if res:
                         out["zero_shot"].setdefault(row, {}).setdefault(f"{c} {label(k)}", {})[str(p)] = _ap(res)
+        for spec in diagnosis_specs(f, p):
+            res = take(spec)
+            if res:
+                out["no_embedding"][str(p)] = dict(_ap(res), window_structure=res.get("window_structure"))
         for spec in finetune_specs(f, p):
             res = take(spec)
             if res:
@@ -408,7 +428,28 @@ def analyze(f: Footing, data: dict) -> dict:
                               for m in ("box", "mask")} for cell, pipes in cells.items()}
                  for row, cells in data["finetuned"].items()}
     return {"study": asdict(f), "data": data, "ap64": per_enc, "zero_shot": zero, "finetuned": finetuned,
-            "stage0": stage0, "tests": tests, "power": power, "t4_power": power.get("T4")}
+            "stage0": stage0, "tests": tests, "power": power, "t4_power": power.get("T4"),
+            "diagnosis": diagnosis(data)}
+
+
+def diagnosis(data: dict) -> dict:
+    """Why the abs rows differ as little or as much as they do; described, not tested (not declared), each a mean
+    with its 95% t-interval over pipelines: ``reliance`` (64 px AP as trained minus with the embedding zeroed),
+    ``window_structure`` (of the stage-1 embedding: WS@4 at 64 px, after naive and after abs-win resizing) and
+    ``zero_shot_gain`` (abs-win minus naive per zero-shot cell, paired by pipeline)."""
+    ne, ap = data.get("no_embedding") or {}, data["ap64"].get("abs", {})
+    pipes = sorted(set(ne) & set(ap), key=int)
+    out = {"reliance": {m: mean_interval([ap[p][m] - ne[p][m] for p in pipes]) for m in ("box", "mask")},
+           "window_structure": {}, "zero_shot_gain": {}}
+    structures = [ne[p]["window_structure"] for p in sorted(ne, key=int) if ne[p].get("window_structure")]
+    for key in (structures[0] if structures else {}):
+        out["window_structure"][key] = mean_interval([w[key] for w in structures])
+    naive, aw = data["zero_shot"].get("naive", {}), data["zero_shot"].get("abs2win", {})
+    for cell in sorted(set(naive) & set(aw)):
+        both = sorted(set(naive[cell]) & set(aw[cell]), key=int)
+        out["zero_shot_gain"][cell] = {m: mean_interval([aw[cell][p][m] - naive[cell][p][m] for p in both])
+                                       for m in ("box", "mask")}
+    return out
 
 
 if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing

@@ -19,6 +19,14 @@ def _mi(entry, digits: int = 1) -> str:
     return f"{entry['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}] (n={entry['n']})"
 
 
+def _signed(entry) -> str:
+    """A difference: mean [95% CI] (n) with signs, two decimals."""
+    if not entry or entry.get("mean") is None:
+        return "-"
+    ci = "" if entry["ci"] is None else f" [{entry['ci'][0]:+.2f}, {entry['ci'][1]:+.2f}]"
+    return f"{entry['mean']:+.2f}{ci} (n={entry['n']})"
+
+
 def _p(v) -> str:
     return "-" if v is None else f"{v:.4f}"
 
@@ -61,6 +69,20 @@ def format_footing(result: dict) -> str:
         lines.append(f"\npower of {name} (box): effect {pw['observed_effect']:+.2f}, sd {pw['sd']:.2f} over {pw['n']} "
                      f"pipelines -> power {pw['power_at_observed']:.2f}; 80% power needs {need} pipelines "
                      f"({half} at half the effect)")
+    diag = result.get("diagnosis") or {}
+    if diag.get("reliance", {}).get("box", {}).get("n") or diag.get("zero_shot_gain"):
+        lines.append("\ndiagnosis of the abs detectors (described, not a declared test; mean [95% CI] over pipelines):")
+        rel = diag["reliance"]
+        if rel["box"]["n"]:
+            lines.append(f"  64 px AP lost when the embedding is zeroed: box {_signed(rel['box'])}, "
+                         f"mask {_signed(rel['mask'])}")
+        ws = {k: v for k, v in (diag.get("window_structure") or {}).items() if k.startswith("ws")}
+        if ws:
+            name = lambda k: "at 64 px" if k == "ws" else k[3:].replace("abswin", "abs-win").replace("_", " ")  # noqa
+            lines.append("  stage-1 embedding, centred WS@4 "
+                         + "; ".join(f"{name(k)} {_mi(v, 2)}" for k, v in ws.items()))
+        for cell, g in (diag.get("zero_shot_gain") or {}).items():
+            lines.append(f"  zero-shot abs-win - naive, {cell}: box {_signed(g['box'])}, mask {_signed(g['mask'])}")
     mae = result.get("hiera_mae")
     if mae:
         h = mae["history"]
