@@ -42,7 +42,9 @@ def test_a_gain_in_every_seed_is_reported_with_its_interval(tmp_path):
     assert "naive 55.0 | abs-win 56.4 box AP (+1.4; one evaluation each, no interval)" in text
     # per seed +0.9, +1.5, +0.9: mean 1.1, sd 0.35, t(0.975, 2) = 4.303 -> half-width 0.86
     assert "naive 55.3 | abs-win 56.4 box AP" in text and "per seed +0.9, +1.5, +0.9" in text
-    assert "+1.10 [+0.24, +1.96]" in text and "the interval excludes 0" in text and "(this run's one test, 3 seeds" in text
+    assert "+1.10 [+0.24, +1.96]" in text and "the interval excludes 0" in text
+    assert "(this run's one test: one detector, 3 seeds" in text
+    assert "test T5 of the equal-footing study" in text
     assert "[BUG]" in text and "6.5 min" in text
 
 
