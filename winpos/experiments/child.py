@@ -152,6 +152,7 @@ def main(spec: dict) -> None:
     torch.set_num_threads(int(spec.get("threads", 1)))  # fixed for the whole run
     t0 = time.time()
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0))
+    code = code_version()  # at the start: the modules this process imports are the checkout as it is now
     if spec["kind"] == "stage0":
         out = {"spec": spec, **run_stage0(spec)}
     else:
@@ -168,7 +169,7 @@ def main(spec: dict) -> None:
     # repeatable bit for bit; results without this field predate the seeding and are one random draw each
     out["global_rng_seeded"] = True
     out["started_utc"] = started  # when this run (the attempt that finished it) began, for declared tests
-    out["code"] = code_version()  # which winpos made it: a re-made run with other code may round differently
+    out["code"] = code  # which winpos made it: a re-made run with other code may round differently
     from winpos.experiments.runs import RESULT, prune, seal
 
     atomic_write_json(Path(spec["out"]) / RESULT, seal(out, spec))
