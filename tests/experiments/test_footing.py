@@ -97,7 +97,7 @@ def test_diagnosis_reliance_structure_and_zero_shot_gain():
     with_rope = dict(data, ap64={**data["ap64"], "rope": ap([1, 2, 3])})
     text = format_footing(F.analyze(F.Footing(config=CONFIG), with_rope))
     assert "64 px AP lost when the embedding is zeroed: box +0.67" in text
-    assert "zero-shot abs-win - naive, canvas 2x: box +0.67" in text and "centred WS@4 at 64 px 0.60 [" in text and "naive 2x 0.00" in text
+    assert "zero-shot abs-win - naive, canvas 2x: box +0.67" in text and "centred WS@4 at 64 px 0.60 [" in text and "naive: 2x 0.00" in text
     empty = F.diagnosis({"ap64": {}, "zero_shot": {}})  # nothing run yet: no numbers, no failure
     assert empty["reliance"]["box"]["n"] == 0 and empty["window_structure"] == {} and empty["zero_shot_gain"] == {}
 

@@ -76,11 +76,12 @@ def format_footing(result: dict) -> str:
         if rel["box"]["n"]:
             lines.append(f"  64 px AP lost when the embedding is zeroed: box {_signed(rel['box'])}, "
                          f"mask {_signed(rel['mask'])}")
-        ws = {k: v for k, v in (diag.get("window_structure") or {}).items() if k.startswith("ws")}
-        if ws:
-            name = lambda k: "at 64 px" if k == "ws" else k[3:].replace("abswin", "abs-win").replace("_", " ")  # noqa
-            lines.append("  stage-1 embedding, centred WS@4 "
-                         + "; ".join(f"{name(k)} {_mi(v, 2)}" for k, v in ws.items()))
+        ws = diag.get("window_structure") or {}
+        if "ws" in ws:
+            lines.append(f"  stage-1 embedding, centred WS@4 at 64 px {_mi(ws['ws'], 2)}; resized to k times the grid:")
+            for how, name in (("naive", "naive"), ("abswin", "abs-win")):
+                lines.append(f"    {name}: " + "; ".join(f"{k.split('_')[-1]} {_mi(v, 2)}" for k, v in ws.items()
+                                                     if k.startswith(f"ws_{how}_")))
         for cell, g in (diag.get("zero_shot_gain") or {}).items():
             lines.append(f"  zero-shot abs-win - naive, {cell}: box {_signed(g['box'])}, mask {_signed(g['mask'])}")
     mae = result.get("hiera_mae")
