@@ -220,11 +220,10 @@ def plot_finetuned(result: dict, path: str) -> bool:
         box = result["tests"]["box"]
         spans = [0.0]
         for j, name in enumerate(names):
-            base = "naive" if "- naive" in TESTS[name] else "control"
-            d = [per["abs2win"][p] - per[base][p] for p in pipes if p in per["abs2win"] and p in per[base]]
+            t = box[name]
+            d = t["diffs"]  # per pipeline with every finetuning seed: what the test averages
             spans += d
             dax.plot([j] * len(d), d, ".", color="0.35", ms=8, zorder=2)
-            t = box[name]
             if t["n"] >= 2 and t["ci"] is not None:
                 spans += list(t["ci"])
                 dax.errorbar([j + 0.18], [t["mean"]], yerr=[[t["mean"] - t["ci"][0]], [t["ci"][1] - t["mean"]]],
