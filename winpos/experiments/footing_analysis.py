@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict
-from typing import TYPE_CHECKING
 
 from winpos.experiments.stats import holm, mean_interval, n_for_power, power_paired, t_test
-
-if TYPE_CHECKING:
-    from winpos.experiments.footing import Footing
 
 T1_MARGIN = 1.0  # box AP: RoPE is non-inferior to relpos when rope - relpos > -1.0 AP
 ALPHA = 0.05
@@ -93,8 +89,9 @@ def _verdict(name: str, t: dict) -> str:
         f"not shown: non-inferiority at {T1_MARGIN:g} AP is not established"
 
 
-def analyze(f: Footing, data: dict) -> dict:
-    """The study's results: per encoding its 64 px AP over pipelines, the zero-shot cells, the stage-0 readouts,
+def analyze(f, data: dict) -> dict:
+    """The study's results (``f`` is the study's ``footing.Footing``: only its ``pipelines`` and
+    ``finetune_seeds`` are read, so this module need not import footing, which imports it): per encoding its 64 px AP over pipelines, the zero-shot cells, the stage-0 readouts,
     T1-T6 (box and mask families), the finetuned AP and the power of T3-T6."""
     per_enc = {enc: {m: mean_interval([v[m] for _, v in sorted(vals.items(), key=lambda kv: int(kv[0]))])
                      for m in ("box", "mask")} for enc, vals in data["ap64"].items()}
