@@ -19,7 +19,8 @@ init hash) matches and refuses a folder made with other settings. Writes <output
 The equal-footing study (``winpos.experiments.footing``; its tests are declared in docs/equal_footing.md):
 
     winpos-reproduce --equal-footing [--output output/equal_footing] [--pipelines 0,1,2,3,4,5]
-        [--encodings rope,relpos,lookhere,abs] [--no-finetune] [--mae-iters 8000] [--archive DIR] [--report-only]
+        [--encodings rope,relpos,lookhere,abs] [--finetune-cells canvas:4,canvas:1.25] [--no-finetune]
+        [--mae-iters 8000] [--archive DIR] [--report-only]
 
 runs every encoding's own stage 0 and stage 1 per pipeline, the zero-shot evaluations and (for abs) the finetuning
 runs of T3-T6, then writes <output>/results.json (T1-T6 with Holm), <output>/footing_curves.png and
@@ -43,6 +44,23 @@ def _names(text):
         raise __import__("argparse").ArgumentTypeError(f"{text!r} has an empty name; give a comma list without "
                                                       "empty entries, e.g. naive,abs2win")
     return names
+
+
+def _cells(text):
+    """``canvas:4,canvas:1.25`` -> (("canvas", 4), ("canvas", 1.25)); the study checks they are its cells."""
+    import argparse
+
+    cells = []
+    for item in _names(text):
+        condition, sep, k = item.partition(":")
+        try:
+            value = float(k) if sep else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise argparse.ArgumentTypeError(f"{item!r} is not CONDITION:K; give e.g. canvas:1.25")
+        cells.append((condition, int(value) if value.is_integer() else value))
+    return tuple(cells)
 
 
 def _vitdet(proto, args, log) -> int:
@@ -97,6 +115,8 @@ def _footing(args, log) -> int:
         kw["pipelines"] = tuple(args.pipelines)
     if args.encodings is not None:
         kw["encodings"] = tuple(args.encodings)
+    if args.finetune_cells is not None:
+        kw["finetune_cells"] = args.finetune_cells
     for key, arg in (("stage0_iters", args.stage0_iters), ("stage1_iters", args.pretrain_iters)):
         if arg is not None:
             kw[key] = arg
@@ -143,6 +163,8 @@ def run(argv=None):
     p.add_argument("--pipelines", type=seed_list, default=None, help="equal footing: pipelines (default 0-5)")
     p.add_argument("--encodings", type=_names, default=None,
                    help="equal footing: comma list of rope, relpos, lookhere, abs (default: all four)")
+    p.add_argument("--finetune-cells", type=_cells, default=None, metavar="CONDITION:K,...",
+                   help="equal footing: the finetuning cells to run, a subset of canvas:4,canvas:1.25 (default: both)")
     p.add_argument("--archive", default=None, metavar="DIR",
                    help="equal footing: keep every finished run's sealed result in DIR (one small JSON per run, to "
                         "commit) and read runs whose folder is gone from it, so a study can span sessions; a run "

@@ -51,6 +51,7 @@ class Footing:
     finetune_iters: int = 150
     finetune_lr: float = 2e-4
     finetune_seeds: tuple = (0, 1, 2)
+    finetune_cells: tuple = FINETUNE_CELLS  # a subset of FINETUNE_CELLS, e.g. only the demo's cell (replication)
     threads: int = 1
     workers: int = 2
     archive_dir: str | None = None  # sealed per-run results kept across sessions (winpos.experiments.archive)
@@ -76,6 +77,12 @@ class Footing:
             raise WinposError(f"config {self.config!r} does not exist; pass configs/shapes/reproduce_hieradet.py")
         for _, k in ZERO_SHOT + FINETUNE_CELLS:
             check_multiplier(k)
+        cells = [tuple(c) for c in self.finetune_cells]
+        bad = [c for c in cells if c not in FINETUNE_CELLS]
+        if bad or not cells or len(set(cells)) != len(cells):
+            known = ", ".join(f"{c}:{k:g}" for c, k in FINETUNE_CELLS)
+            raise WinposError(f"finetune cells {cells} must be a non-empty subset of the study's cells without "
+                              f"repeats: {known}")
 
     def root(self, p: int, enc: str) -> Path:
         return Path(self.output_dir) / f"pipeline{p}" / enc
@@ -144,9 +151,11 @@ def diagnosis_specs(f: Footing, p: int) -> list[dict]:
     return [no_embedding_spec(f, p)] if "abs" in f.encodings else []
 
 
-def finetune_specs(f: Footing, p: int, cells=FINETUNE_CELLS) -> list[dict]:
+def finetune_specs(f: Footing, p: int, cells=None) -> list[dict]:
+    """Pipeline ``p``'s finetuning runs at ``cells`` (default: the study's ``finetune_cells``), cell by cell."""
     if not f.finetune or "abs" not in f.encodings:
         return []
+    cells = f.finetune_cells if cells is None else cells
     return [finetune_spec(f, p, row, c, k, s) for c, k in cells for s in f.finetune_seeds for row in FINETUNE_ROWS]
 
 
@@ -221,7 +230,7 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
         jobs += [chain(p, e) for e in encs]
         if "abs" not in encs:
             done[p].set()
-    for cell in FINETUNE_CELLS:  # cell by cell: the declared cell's runs first, every pipeline
+    for cell in f.finetune_cells:  # cell by cell: the declared cell's runs first, every pipeline
         for p in f.pipelines:
             jobs += [finetune(s, p) for s in finetune_specs(f, p, (cell,))]
     errors = []
@@ -244,7 +253,7 @@ def all_specs(f: Footing, mae_iters: int | None = None) -> list[dict]:
     specs = [mae_spec(f, mae_iters)] if mae_iters else []
     for p in f.pipelines:
         specs += [s for enc in f.encodings for s in chain_specs(f, p, enc)] + diagnosis_specs(f, p)
-    for cell in FINETUNE_CELLS:
+    for cell in f.finetune_cells:
         for p in f.pipelines:
             specs += finetune_specs(f, p, (cell,))
     return specs
