@@ -301,3 +301,73 @@ def test_report_prints_the_tests_and_draws_a_dot_per_pipeline(tmp_path):
     assert "none (no abs embedding)" in text and "not run (n=0)" in text
     plot_footing(result, str(tmp_path / "curves.png"))
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_the_replication_runs_only_its_cell_on_new_pipelines_and_is_collected_apart(tmp_path):
+    study = F.Footing(config=CONFIG, output_dir=str(tmp_path), finetune=True)
+    rep = F.replication_study(study)
+    assert rep.pipelines == (6, 7, 8, 9, 10, 11) and rep.encodings == ("abs",) and rep.replication_pipelines == ()
+    fine = [s for s in F.all_specs(rep) if s["iters"] > 0 and s["seed"] < 100]
+    assert len(fine) == 6 * 9 and {s["size"] for s in fine} == {80}  # canvas 1.25x only: R5 / R6
+    assert {s["seed"] for s in F.all_specs(rep) if s["kind"] == "stage0"} == set(range(106, 112))  # new detectors
+    # not a replication of itself, nor of a study that does not finetune abs detectors
+    assert F.replication_study(F.Footing(config=CONFIG, pipelines=tuple(range(12)), finetune=True)) is None
+    assert F.replication_study(F.Footing(config=CONFIG, encodings=("rope",), finetune=True)) is None
+    assert F.replication_study(F.Footing(config=CONFIG)) is None
+    assert F.collect(study)["replication"] is None  # nothing of it has run: no block in the report
+    spec = F.finetune_spec(rep, 7, "abs2win", "canvas", 1.25, 1)  # one finished run of the replication
+    R.claim(spec)
+    (Path(spec["out"]) / R.RESULT).write_text(json.dumps(R.seal({"bbox": {"AP": 3.0}, "segm": {"AP": 1.5}}, spec)))
+    data = F.collect(study)
+    assert data["replication"]["finetuned"] == {"abs2win": {"canvas 1.25x": {"7": {"1": {"box": 3.0, "mask": 1.5}}}}}
+    assert data["finetuned"] == {} and "p7/abs2win/canvas/1.25x/seed1" not in data["replication"]["missing"]
+    assert not any(name.startswith("p7/") for name in data["missing"])  # the study's own missing runs only
+    for kw, message in ((dict(finetune_cells=(("canvas", 3),)), "subset of the study's cells"),
+                        (dict(finetune_cells=()), "subset of the study's cells"),
+                        (dict(replication_pipelines=(6, 6)), "without repeats")):
+        with pytest.raises(WinposError, match=message):
+            F.Footing(config=CONFIG, **kw).validate()
+
+
+def test_replication_tests_use_the_new_pipelines_only_with_holm_over_the_two(tmp_path):
+    from winpos.experiments.footing_report import format_footing, plot_replication
+
+    data = _data([30, 31, 29, 32, 30, 31], [30.5, 30.8, 29.6, 31.5, 30.2, 31.1], [20, 22, 21, 23, 20, 22],
+                 [15, 16, 15.5, 17, 14, 16])
+    naive = [[10, 11, 12], [9, 9, 9], [12, 13, 11], [10, 10, 10], [8, 9, 10], [11, 11, 11]]
+    win = [[12, 12, 13], [10, 12, 10], [13, 13, 14], [11, 12, 11], [10, 10, 11], [12, 13, 12]]
+    ctrl = [[11, 11, 12], [9, 10, 10], [12, 14, 12], [10, 11, 11], [9, 10, 11], [11, 12, 12]]
+    data["finetuned"] = _finetuned("canvas 1.25x", naive, win, ctrl)
+    r_naive = [[10, 10, 10], [9, 9, 10], [12, 11, 11], [10, 10, 11], [9, 9, 10], [11, 10, 11]]
+    r_win = [[10, 11, 10], [9, 9, 9], [12, 12, 11], [10, 11, 11], [9, 10, 10], [11, 11, 11]]
+    r_ctrl = [[10, 10, 11], [9, 10, 9], [11, 11, 12], [11, 10, 11], [9, 10, 9], [10, 11, 11]]
+    shift = lambda d: {row: {c: {str(int(p) + 6): v for p, v in pipes.items()} for c, pipes in cells.items()}  # noqa: E731
+                       for row, cells in d.items()}
+    rep = {"finetuned": shift(_finetuned("canvas 1.25x", r_naive, r_win, r_ctrl)), "missing": [],
+           "ap64": {"abs": {str(p): {"box": 16.0 + p % 2, "mask": 8.0} for p in range(6, 12)}},
+           "zero_shot": {}, "no_embedding": {}, "stage0": {}}
+    data["replication"] = rep
+    result = F.analyze(F.Footing(config=CONFIG, output_dir="/x", finetune=True), data)
+    tests = result["replication"]["tests"]["box"]
+    by_hand = [statistics.fmean(w) - statistics.fmean(n) for w, n in zip(r_win, r_naive)]
+    first = [statistics.fmean(w) - statistics.fmean(n) for w, n in zip(win, naive)]
+    assert tests["R5"]["n"] == 6 and tests["R5"]["mean"] == pytest.approx(statistics.fmean(by_hand))
+    assert tests["R5"]["p_t"] == pytest.approx(ST.t_test(by_hand)["p_t"])  # pipelines 0-5 do not enter the test
+    p = {k: t["p_t"] for k, t in tests.items()}
+    assert tests["R6"]["p_holm"] == pytest.approx(ST.holm(p)["R6"]) and tests["R5"]["holm_family"] == ["R5", "R6"]
+    assert tests["R5"]["pooled"]["n"] == 12 and tests["R5"]["pooled"]["mean"] == pytest.approx(
+        statistics.fmean(first + by_hand))
+    assert tests["R5"]["verdict"].startswith("not shown")  # by hand: +0.22, interval includes 0 here
+    assert result["tests"]["box"]["T5"]["mean"] == pytest.approx(statistics.fmean(first))  # T5 unchanged by it
+    text = format_footing(result)
+    assert "replication of T5 / T6 over pipelines 6-11" in text and "R5 (= T5 again)" in text
+    assert "pooled with pipelines 0-5 (a description): +" in text
+    assert plot_replication(result, str(tmp_path / "rep.png")) is True and (tmp_path / "rep.png").stat().st_size > 10_000
+    assert plot_replication(dict(result, replication=None), str(tmp_path / "none.png")) is False
+    assert not (tmp_path / "none.png").exists()
+    four = {k: dict(v) for k, v in rep["finetuned"].items()}  # two pipelines still running: numbers, no verdict
+    for row in four:
+        four[row] = {"canvas 1.25x": {p: v for p, v in rep["finetuned"][row]["canvas 1.25x"].items() if int(p) < 10}}
+    interim = F.analyze(F.Footing(config=CONFIG, output_dir="/x", finetune=True), dict(data, replication=dict(
+        rep, finetuned=four)))
+    assert interim["replication"]["tests"]["box"]["R5"]["verdict"] == "interim: 4 of the 6 declared pipelines, no verdict"

@@ -23,7 +23,8 @@ The equal-footing study (``winpos.experiments.footing``; its tests are declared 
         [--mae-iters 8000] [--archive DIR] [--report-only]
 
 runs every encoding's own stage 0 and stage 1 per pipeline, the zero-shot evaluations and (for abs) the finetuning
-runs of T3-T6, then writes <output>/results.json (T1-T6 with Holm), <output>/footing_curves.png and
+runs of T3-T6, then writes <output>/results.json (T1-T6 with Holm; R5 / R6, the declared replication over
+pipelines 6-11, once any of its runs has finished), <output>/footing_curves.png, <output>/footing_replication.png and
 <output>/footing_finetuned.png. With
 ``--archive DIR`` every finished run's sealed result is also kept in DIR (winpos.experiments.archive), runs already
 there are not made again unless a later run needs their weights, and the report reads them: the study can be
@@ -105,7 +106,7 @@ def _vitdet(proto, args, log) -> int:
 
 def _footing(args, log) -> int:
     from winpos.experiments import footing as F
-    from winpos.experiments.footing_report import format_footing, plot_finetuned, plot_footing
+    from winpos.experiments.footing_report import format_footing, plot_finetuned, plot_footing, plot_replication
     from winpos.outputs import atomic_write_json
 
     out = Path(args.output if args.output != "output/reproduce" else "output/equal_footing")
@@ -145,6 +146,8 @@ def _footing(args, log) -> int:
     plots = f"{out}/footing_curves.png"
     if plot_finetuned(result, str(out / "footing_finetuned.png")):
         plots += f", {out}/footing_finetuned.png"
+    if plot_replication(result, str(out / "footing_replication.png")):
+        plots += f", {out}/footing_replication.png"
     atomic_write_json(out / "results.json", result)
     print(f"\nplots: {plots}; every number: {out}/results.json")
     return 0

@@ -33,6 +33,8 @@ ZERO_SHOT = (("canvas", 2), ("canvas", 4), ("upscaled", 2))  # (condition, grid 
 # canvas 4x: T3 / T4 as declared; canvas 1.25x: the demo's cell, T5 / T6 (added by a dated amendment before its runs)
 FINETUNE_CELLS = (("canvas", 4), ("canvas", 1.25))
 FINETUNE_ROWS = {"naive": None, "abs2win": "abswin", "control": "control"}  # row -> conversion of the abs detector
+REPLICATION_PIPELINES = (6, 7, 8, 9, 10, 11)  # R5 / R6 (docs/equal_footing.md, fifth session)
+REPLICATION_CELL = ("canvas", 1.25)
 SEED_BASE = 100  # pipeline p uses seed SEED_BASE + p in stage 0 and stage 1
 
 
@@ -52,6 +54,10 @@ class Footing:
     finetune_lr: float = 2e-4
     finetune_seeds: tuple = (0, 1, 2)
     finetune_cells: tuple = FINETUNE_CELLS  # a subset of FINETUNE_CELLS, e.g. only the demo's cell (replication)
+    # the declared replication of T5 / T6 (R5 / R6): its pipelines' abs chains and canvas-1.25x runs, reported
+    # beside the study when any of them has finished (run them with --pipelines 6,...,11 --encodings abs
+    # --finetune-cells canvas:1.25)
+    replication_pipelines: tuple = REPLICATION_PIPELINES
     threads: int = 1
     workers: int = 2
     archive_dir: str | None = None  # sealed per-run results kept across sessions (winpos.experiments.archive)
@@ -69,6 +75,9 @@ class Footing:
                                   "seed is not another independent run)")
             if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values):
                 raise WinposError(f"{name} {list(values)} must hold ints >= 0")
+        rp = self.replication_pipelines
+        if len(set(rp)) != len(rp) or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in rp):
+            raise WinposError(f"replication_pipelines {list(rp)} must hold ints >= 0 without repeats (or be empty)")
         for name in ("stage0_iters", "stage1_iters", "finetune_iters", "threads", "workers"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -280,11 +289,12 @@ def collect(f: Footing) -> dict:
     """Every finished run of the study (from its folder, else from ``f.archive_dir``), keyed for the analysis:
     ``stage0[enc][p]`` (WS history and reliance), ``ap64[enc][p]``, ``zero_shot[row][cell][p]`` and
     ``finetuned[row][cell][p][seed]`` (box and mask AP each), ``no_embedding[p]`` (the abs detector's AP with its
-    embedding zeroed, and the embedding's window structure), plus ``started_utc`` of every run."""
+    embedding zeroed, and the embedding's window structure), plus ``started_utc`` of every run and, when any run of
+    the declared replication has finished, ``replication`` (the same keys for its pipelines, ``replication_study``)."""
     from winpos.experiments import archive as A
 
     out = {"stage0": {}, "ap64": {}, "zero_shot": {}, "finetuned": {}, "no_embedding": {}, "started_utc": {},
-           "missing": []}
+           "missing": [], "replication": None}
 
     def take(spec):
         res = A.finished_or_archived(spec, f.archive_dir)
@@ -294,6 +304,11 @@ def collect(f: Footing) -> dict:
             out["started_utc"][spec["name"]] = res.get("started_utc")
         return res
 
+    rep = replication_study(f)
+    if rep is not None:
+        found = collect(rep)
+        has_runs = found["ap64"] or found["finetuned"] or found["stage0"]
+        out["replication"] = found if has_runs else None
     for p in f.pipelines:
         for enc in f.encodings:
             s0 = take(stage0_spec(f, p, enc))
@@ -318,6 +333,18 @@ def collect(f: Footing) -> dict:
                 cell = out["finetuned"].setdefault(row, {}).setdefault(f"{c} {k}", {}).setdefault(str(p), {})
                 cell[seed.removeprefix("seed")] = _ap(res)
     return out
+
+
+def replication_study(f: Footing) -> Footing | None:
+    """The declared replication of ``f``: its replication pipelines not already among ``f``'s, ``abs`` only, the
+    canvas-1.25x finetuning runs (None when there is none)."""
+    from dataclasses import replace
+
+    pipes = tuple(p for p in f.replication_pipelines if p not in f.pipelines)
+    if not pipes or "abs" not in f.encodings or not f.finetune:
+        return None
+    return replace(f, pipelines=pipes, encodings=("abs",), finetune_cells=(REPLICATION_CELL,),
+                   replication_pipelines=())
 
 
 def _ap(res: dict) -> dict:

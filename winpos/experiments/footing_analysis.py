@@ -21,6 +21,12 @@ TESTS = {
     "T6": "abs-win - control after finetuning at canvas 1.25x (the demo's cell), per-pipeline mean over finetuning "
           "seeds (two-sided)",
 }
+REPLICATION = {  # declared 2026-12-04 (commit 70af6b9) before its runs: T5 / T6 again, on new pipelines only
+    "R5": ("T5", "abs-win - naive after finetuning at canvas 1.25x, per-pipeline mean over finetuning seeds, over the "
+                 "replication's pipelines only (two-sided; Holm over R5, R6)"),
+    "R6": ("T6", "abs-win - control after finetuning at canvas 1.25x, per-pipeline mean over finetuning seeds, over "
+                 "the replication's pipelines only (two-sided; Holm over R5, R6)"),
+}
 DECLARED_FAMILY = ("T1", "T2", "T3", "T4")  # Holm over these four, as declared before the runs
 # T5 / T6 were added (dated amendment) after T1 / T2 had run but before any finetuning run: their Holm adjustment is
 # over all six tests, so adding them cannot make a verdict of the declared four easier, nor their own
@@ -75,6 +81,28 @@ def declared_tests(data: dict, metric: str, declared_n: int = 6, seeds=(0, 1, 2)
     return tests
 
 
+def replication_tests(data: dict, rep: dict, metric: str, declared_n: int, seeds=(0, 1, 2)) -> dict:
+    """R5 / R6 on ``metric``: T5 / T6's contrasts over the replication's pipelines alone (``rep`` is its collected
+    data), Holm over the two; beside each, the same contrast pooled over the study's and the replication's pipelines
+    (``pooled``: a description, no p value enters a verdict). A test with fewer than ``declared_n`` whole pipelines
+    gets its numbers as an interim description and no verdict."""
+    rows = {"R5": "naive", "R6": "control"}
+    cell = "canvas 1.25x"
+    tests = {}
+    for name, (original, claim) in REPLICATION.items():
+        diffs = _detector_means(rep["finetuned"], "abs2win", rows[name], cell, metric, seeds)
+        first = _detector_means(data["finetuned"], "abs2win", rows[name], cell, metric, seeds)
+        tests[name] = dict(t_test(diffs, 0.0, "two-sided"), claim=claim, replicates=original,
+                           pooled=dict(mean_interval(first + diffs), n=len(first) + len(diffs)))
+    adjusted = holm({k: t["p_t"] for k, t in tests.items()})
+    adjusted_sf = holm({k: t["p_sign_flip"] for k, t in tests.items()})
+    for name, t in tests.items():
+        t["p_holm"], t["p_sign_flip_holm"], t["holm_family"] = adjusted[name], adjusted_sf[name], list(REPLICATION)
+        t["verdict"] = _verdict(name, t) if t["n"] >= declared_n or t["n"] == 0 else \
+            f"interim: {t['n']} of the {declared_n} declared pipelines, no verdict"
+    return tests
+
+
 def _verdict(name: str, t: dict) -> str:
     if t["n"] < 2:
         return f"not run (n={t['n']})"
@@ -91,8 +119,10 @@ def _verdict(name: str, t: dict) -> str:
 
 def analyze(f, data: dict) -> dict:
     """The study's results (``f`` is the study's ``footing.Footing``: only its ``pipelines`` and
-    ``finetune_seeds`` are read, so this module need not import footing, which imports it): per encoding its 64 px AP over pipelines, the zero-shot cells, the stage-0 readouts,
-    T1-T6 (box and mask families), the finetuned AP and the power of T3-T6."""
+    ``finetune_seeds`` and ``replication_pipelines`` are read, so this module need not import footing, which
+    imports it): per encoding its 64 px AP over pipelines, the zero-shot cells, the stage-0 readouts, T1-T6 (box and
+    mask families), the finetuned AP, the power of T3-T6 and, when ``data`` has the replication's runs
+    (``data["replication"]``), R5 / R6 with its detectors' AP and diagnosis."""
     per_enc = {enc: {m: mean_interval([v[m] for _, v in sorted(vals.items(), key=lambda kv: int(kv[0]))])
                      for m in ("box", "mask")} for enc, vals in data["ap64"].items()}
     zero = {row: {cell: {m: mean_interval([v[m] for v in vals.values()]) for m in ("box", "mask")}
@@ -119,9 +149,22 @@ def analyze(f, data: dict) -> dict:
     finetuned = {row: {cell: {m: mean_interval([statistics.fmean(v[str(s)][m] for s in seeds) for v in whole(pipes)])
                               for m in ("box", "mask")} for cell, pipes in cells.items()}
                  for row, cells in data["finetuned"].items()}
+    out_rep = None
+    rep = data.get("replication")
+    if rep is not None:
+        rn = len(f.replication_pipelines)
+        out_rep = {"pipelines": list(f.replication_pipelines), "missing": rep["missing"],
+                   "tests": {m: replication_tests(data, rep, m, rn, seeds) for m in ("box", "mask")},
+                   "ap64": {m: mean_interval([v[m] for _, v in sorted(rep["ap64"].get("abs", {}).items(),
+                                                                        key=lambda kv: int(kv[0]))])
+                            for m in ("box", "mask")},
+                   "finetuned": {row: {m: mean_interval([statistics.fmean(v[str(s)][m] for s in seeds)
+                                                         for v in whole(cells.get("canvas 1.25x", {}))])
+                                       for m in ("box", "mask")} for row, cells in rep["finetuned"].items()},
+                   "diagnosis": diagnosis(rep)}
     return {"study": asdict(f), "data": data, "ap64": per_enc, "zero_shot": zero, "finetuned": finetuned,
             "stage0": stage0, "tests": tests, "power": power, "t4_power": power.get("T4"),
-            "diagnosis": diagnosis(data)}
+            "diagnosis": diagnosis(data), "replication": out_rep}
 
 
 def diagnosis(data: dict) -> dict:

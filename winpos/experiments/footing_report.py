@@ -69,21 +69,8 @@ def format_footing(result: dict) -> str:
         lines.append(f"\npower of {name} (box): effect {pw['observed_effect']:+.2f}, sd {pw['sd']:.2f} over {pw['n']} "
                      f"pipelines -> power {pw['power_at_observed']:.2f}; 80% power needs {need} pipelines "
                      f"({half} at half the effect)")
-    diag = result.get("diagnosis") or {}
-    if diag.get("reliance", {}).get("box", {}).get("n") or diag.get("zero_shot_gain"):
-        lines.append("\ndiagnosis of the abs detectors (described, not a declared test; mean [95% CI] over pipelines):")
-        rel = diag["reliance"]
-        if rel["box"]["n"]:
-            lines.append(f"  64 px AP lost when the embedding is zeroed: box {_signed(rel['box'])}, "
-                         f"mask {_signed(rel['mask'])}")
-        ws = diag.get("window_structure") or {}
-        if "ws" in ws:
-            lines.append(f"  stage-1 embedding, centred WS@4 at 64 px {_mi(ws['ws'], 2)}; resized to k times the grid:")
-            for how, name in (("naive", "naive"), ("abswin", "abs-win")):
-                lines.append(f"    {name}: " + "; ".join(f"{k.split('_')[-1]} {_mi(v, 2)}" for k, v in ws.items()
-                                                     if k.startswith(f"ws_{how}_")))
-        for cell, g in (diag.get("zero_shot_gain") or {}).items():
-            lines.append(f"  zero-shot abs-win - naive, {cell}: box {_signed(g['box'])}, mask {_signed(g['mask'])}")
+    lines += _diagnosis_lines(result.get("diagnosis") or {}, "the abs detectors")
+    lines += _replication_lines(result.get("replication"))
     mae = result.get("hiera_mae")
     if mae:
         h = mae["history"]
@@ -92,6 +79,48 @@ def format_footing(result: dict) -> str:
                      + "; reliance (held-out loss) "
                      + ", ".join(f"{k} {v:.3f}" for k, v in mae["reliance"].items()))
     return "\n".join(lines)
+
+
+def _diagnosis_lines(diag: dict, whose: str) -> list:
+    if not (diag.get("reliance", {}).get("box", {}).get("n") or diag.get("zero_shot_gain")):
+        return []
+    lines = [f"\ndiagnosis of {whose} (described, not a declared test; mean [95% CI] over pipelines):"]
+    rel = diag["reliance"]
+    if rel["box"]["n"]:
+        lines.append(f"  64 px AP lost when the embedding is zeroed: box {_signed(rel['box'])}, "
+                     f"mask {_signed(rel['mask'])}")
+    ws = diag.get("window_structure") or {}
+    if "ws" in ws:
+        lines.append(f"  stage-1 embedding, centred WS@4 at 64 px {_mi(ws['ws'], 2)}; resized to k times the grid:")
+        for how, name in (("naive", "naive"), ("abswin", "abs-win")):
+            lines.append(f"    {name}: " + "; ".join(f"{k.split('_')[-1]} {_mi(v, 2)}" for k, v in ws.items()
+                                                 if k.startswith(f"ws_{how}_")))
+    for cell, g in (diag.get("zero_shot_gain") or {}).items():
+        lines.append(f"  zero-shot abs-win - naive, {cell}: box {_signed(g['box'])}, mask {_signed(g['mask'])}")
+    return lines
+
+
+def _replication_lines(rep) -> list:
+    """The declared replication of T5 / T6 (R5 / R6 over new pipelines only, Holm over the two)."""
+    if not rep:
+        return []
+    pipes = rep["pipelines"]
+    lines = [f"\nreplication of T5 / T6 over pipelines {pipes[0]}-{pipes[-1]} (declared before its runs; "
+             f"{len(rep['missing'])} of its runs missing): abs 64 px box AP {_mi(rep['ap64']['box'])}, "
+             f"mask {_mi(rep['ap64']['mask'])}"]
+    for row, v in rep["finetuned"].items():
+        lines.append(f"  finetuned canvas 1.25x {row:9s} box {_mi(v['box'])} / mask {_mi(v['mask'])}")
+    for family in ("box", "mask"):
+        lines.append(f"  replication tests, {family} AP (Holm over R5, R6; pipelines 0-5 do not enter them):")
+        for name, t in rep["tests"][family].items():
+            ci = "-" if t["ci"] is None else f"[{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]"
+            mean = "-" if t["mean"] is None else f"{t['mean']:+.2f}"
+            lines.append(f"  {name} (= {t['replicates']} again) {t['claim']}\n     n={t['n']} mean {mean} {ci}  "
+                         f"p_t {_p(t['p_t'])}  p_sign-flip {_p(t['p_sign_flip'])}  Holm p {_p(t['p_holm'])}  -> "
+                         f"{t['verdict']}\n     pooled with pipelines 0-5 (a description): {_signed(t['pooled'])}")
+    lines += [line.replace("\n", "\n  ", 1) if i == 0 else "  " + line
+              for i, line in enumerate(_diagnosis_lines(rep.get("diagnosis") or {}, "the replication's detectors"))]
+    return lines
 
 
 def plot_footing(result: dict, path: str) -> None:
@@ -248,6 +277,64 @@ def plot_finetuned(result: dict, path: str) -> bool:
     fig.suptitle(f"Finetuned abs detectors ({s['finetune_iters']} iterations); "
                  "a dot = one pipeline's mean over its finetuning seeds", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
+    atomic_savefig(fig, path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_replication(result: dict, path: str) -> bool:
+    """T5 / T6 and their declared replication R5 / R6 side by side (box AP after finetuning at canvas 1.25x): per
+    contrast a panel with a dot per pipeline (its mean over the finetuning seeds), first the study's pipelines, then
+    the replication's new ones, then all of them pooled (a description), each with its mean, 95% t-interval and,
+    for the tests, Holm's p. Returns False (and draws nothing) before any replication run has finished."""
+    rep = result.get("replication")
+    if not rep or not any(t["n"] for t in rep["tests"]["box"].values()):
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from winpos.experiments.stats import mean_interval
+    from winpos.outputs import atomic_savefig
+
+    first_pipes = result["study"]["pipelines"]
+    fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.6), sharey=True)
+    spans = [0.0]
+    for ax, name in zip(axes, ("R5", "R6")):
+        r = rep["tests"]["box"][name]
+        t = result["tests"]["box"][r["replicates"]]
+        pooled = dict(mean_interval(t["diffs"] + r["diffs"]), p_holm=None)
+        groups = ((f"{r['replicates']}: pipelines {first_pipes[0]}-{first_pipes[-1]}\n(the study)", t),
+                  (f"{name}: pipelines {rep['pipelines'][0]}-{rep['pipelines'][-1]}\n(declared replication)", r),
+                  ("pooled, all pipelines\n(a description)", dict(pooled, diffs=t["diffs"] + r["diffs"])))
+        for j, (_, g) in enumerate(groups):
+            d = g["diffs"]
+            spans += d
+            ax.plot([j - 0.08] * len(d), d, ".", color="0.35", ms=8, zorder=2)
+            if g.get("n", len(d)) >= 2 and g.get("ci") is not None:
+                spans += list(g["ci"])
+                ax.errorbar([j + 0.1], [g["mean"]], yerr=[[g["mean"] - g["ci"][0]], [g["ci"][1] - g["mean"]]],
+                            fmt="o", color="tab:red", capsize=5, mfc="none", zorder=3)
+                p = g.get("p_holm")
+                holm = "" if p is None else "\nHolm p <= 0.001" if p <= 0.001 else f"\nHolm p {p:.3f}"
+                ax.annotate(f"{g['mean']:+.2f}\n[{g['ci'][0]:+.2f}, {g['ci'][1]:+.2f}]{holm}", (j + 0.17, g["mean"]),
+                            fontsize=8, va="center", color="tab:red")
+        ax.axhline(0, color="k", lw=0.8)
+        ax.set_xticks(range(3))
+        ax.set_xticklabels([g[0] for g in groups], fontsize=8)
+        ax.set_xlim(-0.4, 2.75)
+        base = "naive" if name == "R5" else "the control"
+        ax.set_title(f"abs-win - {base}, box AP after finetuning at canvas 1.25x\n({r['n']} of "
+                     f"{len(rep['pipelines'])} replication pipelines whole; verdict: {r['verdict'].split(':')[0]})",
+                     fontsize=9)
+        ax.grid(alpha=0.3)
+    half = max(max(abs(v) for v in spans) * 1.15, 0.5)
+    axes[0].set_ylim(-half, half)
+    axes[0].set_ylabel("paired difference per pipeline, box AP\n(mean over 3 finetuning seeds)")
+    fig.suptitle("The demo's cell over independently trained detectors: T5 / T6 and their declared replication",
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
     atomic_savefig(fig, path, dpi=110)
     plt.close(fig)
     return True
