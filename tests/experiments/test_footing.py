@@ -154,9 +154,19 @@ def _data(rope, relpos, lookhere_z, rope_z):
             "finetuned": {}, "stage0": {}}
 
 
-def test_declared_tests_verdicts_follow_holm():
-    data = _data([30, 31, 29, 32, 30, 31], [30.5, 30.8, 29.6, 31.5, 30.2, 31.1], [20, 22, 21, 23, 20, 22],
+# six pipelines' finetuned box AP per finetuning seed: naive, abs-win, control
+_SIX_FINETUNED = ([[10, 11, 12], [9, 9, 9], [12, 13, 11], [10, 10, 10], [8, 9, 10], [11, 11, 11]],
+                  [[12, 12, 13], [10, 12, 10], [13, 13, 14], [11, 12, 11], [10, 10, 11], [12, 13, 12]],
+                  [[11, 11, 12], [9, 10, 10], [12, 14, 12], [10, 11, 11], [9, 10, 11], [11, 12, 12]])
+
+
+def _six_pipelines():
+    return _data([30, 31, 29, 32, 30, 31], [30.5, 30.8, 29.6, 31.5, 30.2, 31.1], [20, 22, 21, 23, 20, 22],
                  [15, 16, 15.5, 17, 14, 16])
+
+
+def test_declared_tests_verdicts_follow_holm():
+    data = _six_pipelines()
     tests = F.declared_tests(data, "box")
     assert tests["T1"]["verdict"].startswith("RoPE non-inferior") and tests["T1"]["p_holm"] < 0.05
     assert tests["T2"]["verdict"].startswith("confirmed: the first row") and tests["T2"]["mean"] == pytest.approx(5.75)
@@ -178,11 +188,7 @@ def _finetuned(cell, naive, abs2win, control):
 
 
 def test_finetuning_tests_use_detector_means_and_the_added_pair_pays_for_itself():
-    data = _data([30, 31, 29, 32, 30, 31], [30.5, 30.8, 29.6, 31.5, 30.2, 31.1], [20, 22, 21, 23, 20, 22],
-                 [15, 16, 15.5, 17, 14, 16])
-    naive = [[10, 11, 12], [9, 9, 9], [12, 13, 11], [10, 10, 10], [8, 9, 10], [11, 11, 11]]
-    win = [[12, 12, 13], [10, 12, 10], [13, 13, 14], [11, 12, 11], [10, 10, 11], [12, 13, 12]]
-    ctrl = [[11, 11, 12], [9, 10, 10], [12, 14, 12], [10, 11, 11], [9, 10, 11], [11, 12, 12]]
+    data, (naive, win, ctrl) = _six_pipelines(), _SIX_FINETUNED
     data["finetuned"] = _finetuned("canvas 4x", naive, win, ctrl)
     for row, cells in _finetuned("canvas 1.25x", naive, win, ctrl).items():
         data["finetuned"][row].update(cells)
@@ -332,11 +338,7 @@ def test_the_replication_runs_only_its_cell_on_new_pipelines_and_is_collected_ap
 def test_replication_tests_use_the_new_pipelines_only_with_holm_over_the_two(tmp_path):
     from winpos.experiments.footing_report import format_footing, plot_replication
 
-    data = _data([30, 31, 29, 32, 30, 31], [30.5, 30.8, 29.6, 31.5, 30.2, 31.1], [20, 22, 21, 23, 20, 22],
-                 [15, 16, 15.5, 17, 14, 16])
-    naive = [[10, 11, 12], [9, 9, 9], [12, 13, 11], [10, 10, 10], [8, 9, 10], [11, 11, 11]]
-    win = [[12, 12, 13], [10, 12, 10], [13, 13, 14], [11, 12, 11], [10, 10, 11], [12, 13, 12]]
-    ctrl = [[11, 11, 12], [9, 10, 10], [12, 14, 12], [10, 11, 11], [9, 10, 11], [11, 12, 12]]
+    data, (naive, win, ctrl) = _six_pipelines(), _SIX_FINETUNED
     data["finetuned"] = _finetuned("canvas 1.25x", naive, win, ctrl)
     r_naive = [[10, 10, 10], [9, 9, 10], [12, 11, 11], [10, 10, 11], [9, 9, 10], [11, 10, 11]]
     r_win = [[10, 11, 10], [9, 9, 9], [12, 12, 11], [10, 11, 11], [9, 10, 10], [11, 11, 11]]
