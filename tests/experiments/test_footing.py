@@ -363,7 +363,7 @@ def test_replication_tests_use_the_new_pipelines_only_with_holm_over_the_two(tmp
     assert result["tests"]["box"]["T5"]["mean"] == pytest.approx(statistics.fmean(first))  # T5 unchanged by it
     text = format_footing(result)
     assert "replication of T5 / T6 over pipelines 6-11" in text and "R5 (= T5 again)" in text
-    assert "pooled with pipelines 0-5 (a description): +" in text
+    assert "pooled with the study's pipelines (a description): +" in text
     assert plot_replication(result, str(tmp_path / "rep.png")) is True and (tmp_path / "rep.png").stat().st_size > 10_000
     assert plot_replication(dict(result, replication=None), str(tmp_path / "none.png")) is False
     assert not (tmp_path / "none.png").exists()
@@ -373,3 +373,7 @@ def test_replication_tests_use_the_new_pipelines_only_with_holm_over_the_two(tmp
     interim = F.analyze(F.Footing(config=CONFIG, output_dir="/x", finetune=True), dict(data, replication=dict(
         rep, finetuned=four)))
     assert interim["replication"]["tests"]["box"]["R5"]["verdict"] == "interim: 4 of the 6 declared pipelines, no verdict"
+    none_yet = F.analyze(F.Footing(config=CONFIG, output_dir="/x", finetune=True), dict(data, replication=dict(
+        rep, finetuned={})))  # chains done, no finetuning run whole: no test numbers, no pooled estimate printed
+    assert none_yet["replication"]["tests"]["box"]["R5"]["verdict"] == "not run (n=0)"
+    assert "replication of T5 / T6" in format_footing(none_yet) and "pooled with" not in format_footing(none_yet)

@@ -115,9 +115,10 @@ def _replication_lines(rep) -> list:
         for name, t in rep["tests"][family].items():
             ci = "-" if t["ci"] is None else f"[{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]"
             mean = "-" if t["mean"] is None else f"{t['mean']:+.2f}"
+            pooled = f"\n     pooled with the study's pipelines (a description): {_signed(t['pooled'])}" if t["n"] else ""
             lines.append(f"  {name} (= {t['replicates']} again) {t['claim']}\n     n={t['n']} mean {mean} {ci}  "
                          f"p_t {_p(t['p_t'])}  p_sign-flip {_p(t['p_sign_flip'])}  Holm p {_p(t['p_holm'])}  -> "
-                         f"{t['verdict']}\n     pooled with pipelines 0-5 (a description): {_signed(t['pooled'])}")
+                         f"{t['verdict']}{pooled}")
     lines += [line.replace("\n", "\n  ", 1) if i == 0 else "  " + line
               for i, line in enumerate(_diagnosis_lines(rep.get("diagnosis") or {}, "the replication's detectors"))]
     return lines
