@@ -89,6 +89,12 @@ def test_entry_copied_under_another_name_or_settings_is_refused(tmp_path):
         A.archived(other, tmp_path / "arch")
     init.unlink()  # a parent that is itself only archived has no weights here: its entry vouches for the chain
     assert A.archived(other, tmp_path / "arch") is not None
+    made = _spec(tmp_path, name="p1/abs/stage1", init=str(tmp_path / "study" / "p1" / "abs" / "init.pth"))
+    _finish(made)
+    A.keep(made, tmp_path / "arch")  # read back with another --output: the message names the one it was made with
+    with pytest.raises(WinposError, match=f"its runs were made with --output {tmp_path / 'study'}: pass that, or pass "
+                                          "another --archive"):
+        A.archived(dict(made, init=str(tmp_path / "elsewhere" / "p1" / "abs" / "init.pth")), tmp_path / "arch")
 
 
 def test_made_again_same_numbers_is_reproduced_other_numbers_raise(tmp_path):

@@ -83,8 +83,23 @@ def _check_settings(entry: dict, spec: dict, path) -> None:
     if now.get("init_sha256") is not None and now["init_sha256"] != held.get("init_sha256"):
         diff.append("init checkpoint: another SHA-256 than the archived run started from")
     if diff:
-        raise WinposError(f"archive entry {path} is a run made with other settings ({'; '.join(diff[:3])}); pass "
-                          "another --archive, or delete the entry to run it again")
+        hint = _folder_hint(held.get("init"), now.get("init"))
+        raise WinposError(f"archive entry {path} is a run made with other settings ({'; '.join(diff[:3])}); "
+                          f"{hint}pass another --archive, or delete the entry to run it again")
+
+
+def _folder_hint(held, asked) -> str:
+    """When the two init paths differ only in the folder above a common tail (``.../pipeline6/abs/stage0/x.pth``),
+    the entry was made in another output folder: name it (the study's runs are tied to their folder's paths)."""
+    if not (isinstance(held, str) and isinstance(asked, str)) or held == asked:
+        return ""
+    a, b = Path(held).parts, Path(asked).parts
+    common = 0
+    while common < min(len(a), len(b)) and a[-1 - common] == b[-1 - common]:
+        common += 1
+    if common < 2 or common == len(a):
+        return ""
+    return f"its runs were made with --output {Path(*a[:len(a) - common])}: pass that, or "
 
 
 def archived(spec: dict, archive_dir) -> dict | None:
