@@ -1,6 +1,7 @@
 """Tables and figure of the equal-footing study (``winpos.experiments.footing``): every encoding's 64 px AP over
 pipelines, its zero-shot AP at each larger grid with a dot per pipeline (absolute AP, never a share of its own),
-the stage-0 readouts, the finetuned abs detectors and the declared tests T1-T6 with Holm's adjustment."""
+the stage-0 readouts, the finetuned abs detectors, the declared tests T1-T6 with Holm's adjustment and the declared
+replication of T5 / T6 (R5 / R6 on new pipelines, beside T5 / T6 in ``plot_replication``)."""
 from __future__ import annotations
 
 from winpos.experiments.footing import FINETUNE_CELLS, TESTS, ZERO_SHOT, zero_shot_rows
