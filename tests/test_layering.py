@@ -19,7 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = (
-    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs", "winpos.cache",
+    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs", "winpos.output_folders", "winpos.cache",
                  "winpos.process_notes", "winpos.config_names")),
     ("data", ("winpos.data",)),
     ("posemb", ("winpos.posemb",)),

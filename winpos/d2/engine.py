@@ -49,7 +49,8 @@ from winpos.d2.startup import check_schedule, plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import WinposError
 from winpos.process_notes import NOTES_ENV, launched_failure, run_reporting
-from winpos.outputs import atomic_write, claim_output_dir, finish_output_dir
+from winpos.output_folders import claim_output_dir, finish_output_dir
+from winpos.outputs import atomic_write
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",
            "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",

@@ -6,7 +6,7 @@ Every result file is written atomically, detectron2's own included: ``StagedCOCO
 ``COCOEvaluator`` write ``instances_predictions.pth`` and ``coco_instances_results.json`` into a private staging
 folder and renames them into place only when both are complete, so a full disk or a kill leaves the previous files
 as they were (a failed write is one ``WriteError`` line naming the folder). ``evaluate_checkpoint`` claims its
-output folder before any work (``winpos.outputs.claim_output_dir``: locked while it writes; earlier results are
+output folder before any work (``winpos.output_folders.claim_output_dir``: locked while it writes; earlier results are
 replaced only with ``force``, which first removes what the earlier evaluation wrote there, as its manifest lists)."""
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ from omegaconf import OmegaConf
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_num_classes
 from winpos.errors import WinposError
-from winpos.outputs import (as_write_error, atomic_savefig, atomic_write, check_output_dir, claim_output_dir,
-                            publish_folder)
+from winpos.output_folders import claim_output_dir, publish_folder
+from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir
 
 __all__ = ["build_coco_evaluator", "StagedCOCOEvaluator", "set_test_size",
            "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",

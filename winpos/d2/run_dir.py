@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 
 from winpos.errors import WinposError
-from winpos.outputs import (LOCK_NAME, adopt_output_dir, atomic_write, atomic_write_json, clear_outputs, lock_folder,
-                            release_output_dir)
+from winpos.output_folders import adopt_output_dir, clear_outputs, lock_folder, release_output_dir
+from winpos.outputs import LOCK_NAME, atomic_write, atomic_write_json
 
 __all__ = ["claim_run_dir", "run_files", "LOCK_NAME", "release_run_dir", "lock_run_dir", "EVAL_FILES", "FINAL_RESULTS"]
 
