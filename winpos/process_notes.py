@@ -6,6 +6,7 @@ Kept apart from ``winpos.errors`` because it writes files (``winpos.outputs``), 
 """
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Callable
 
@@ -20,7 +21,8 @@ _USAGE_ERRORS = (WinposError, FileNotFoundError, IsADirectoryError, NotADirector
 def _error_text(e: BaseException) -> str:
     text = str(e) if not isinstance(e, OSError) or e.filename is None or str(e.filename) in str(e) \
         else f"{e.strerror or e}: {e.filename}"
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) and "free" not in text:
+    full = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", -1))
+    if isinstance(e, OSError) and e.errno in full and "free" not in text:
         text += "; free disk space (or raise the file size limit, ulimit -f) and run again"
     return _one_line(text)
 

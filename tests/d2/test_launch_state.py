@@ -113,3 +113,32 @@ def test_a_checkpoint_from_before_the_per_rank_states_still_resumes():
     torch.manual_seed(6)
     RNGState().load_state_dict(flat)
     assert torch.equal(torch.rand(3), expected)
+
+
+def _write_to_a_full_disk(args):
+    """A launched process's main: a write that fails with a real ``OSError(ENOSPC)`` (``/dev/full``)."""
+    with open("/dev/full", "wb", buffering=0) as f:  # output-policy: a device that is always full, the fault
+        f.write(b"x" * 4096)
+
+
+def test_a_disk_error_in_a_launched_process_is_one_line():
+    """A full disk in a process under ``launch`` (--num-gpus 2) ends in the one line of ``_error_text`` (it ended
+    in ``NameError: name 'errno' is not defined`` while the module lacked its import)."""
+    import argparse
+    import errno
+    import os
+
+    from winpos.d2.engine import launch_main
+    from winpos.errors import ProcessFailed
+
+    if not os.path.exists("/dev/full"):
+        pytest.fail("this test needs /dev/full (Linux) for a real ENOSPC")
+    with pytest.raises(OSError) as real:
+        _write_to_a_full_disk(None)
+    assert real.value.errno == errno.ENOSPC  # the real error, raised here and in each launched process
+    args = argparse.Namespace(num_gpus=2, num_machines=1, machine_rank=0, dist_url="auto")
+    with pytest.raises(ProcessFailed) as failed:
+        launch_main(args, _write_to_a_full_disk)
+    line = str(failed.value)
+    assert failed.value.status == EXIT_FAILED and "\n" not in line
+    assert "No space left on device" in line and "free disk space" in line and "NameError" not in line
