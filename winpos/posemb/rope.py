@@ -363,6 +363,19 @@ class RoPE(nn.Module):
         key = (tuple(q_window), tuple(k_window), tuple(q_hw), tuple(k_hw))
         return self._grid_tables.get(key, build, self._source())
 
+    def grid_positions(self, hw) -> Tensor:
+        """Positions ``(N, 2)`` (y, x), float32, of the tokens of an ``hw`` grid (row-major) in the units the
+        angles take: the coordinates ``tables(hw, hw)`` rotates by (diagnostics read them)."""
+        hw = as_hw(hw, "hw")
+        return self._grids(hw, hw, self._source().device)[1]
+
+    def grid_angles(self, hw) -> Tensor:
+        """Rotation angles in radians of the tokens of an ``hw`` grid, exactly those whose cos/sin
+        ``tables(hw, hw)`` holds: ``(N, R/2)`` shared by heads, or ``(heads, N, R/2)`` per head. No gradient."""
+        grid = self.grid_positions(hw)
+        with torch.no_grad():
+            return self._axial_angles(grid) if self.kind == "axial" else self._mixed_angles(grid)
+
     def extra_repr(self) -> str:
         ref = f", ref_hw={self.ref_hw}" if self.ref_hw is not None else ""
         heads = "shared" if self.shared_heads else f"per-head({self.num_heads})"
