@@ -64,7 +64,9 @@ def test_edited_entry_is_refused(tmp_path):
     entry = json.loads(path.read_text())
     entry["result"]["bbox"]["AP"] = 99.0
     path.write_text(json.dumps(entry))
-    with pytest.raises(WinposError, match="integrity hash"):
+    with pytest.raises(WinposError, match=r"archive entry .*p0__rope__canvas__2x__zero-shot.json \(run "
+                                          r"p0/rope/canvas/2x/zero-shot\) does not match its integrity hash.*delete "
+                                          "just that file to make run p0/rope/canvas/2x/zero-shot again"):
         A.archived(spec, tmp_path / "arch")
     path.write_text("{not json")
     with pytest.raises(WinposError, match="corrupt"):
@@ -85,16 +87,53 @@ def test_entry_copied_under_another_name_or_settings_is_refused(tmp_path):
     A.keep(other, tmp_path / "arch")
     assert A.archived(other, tmp_path / "arch") is not None
     init.write_bytes(b"other weights")
-    with pytest.raises(WinposError, match="init checkpoint"):
+    with pytest.raises(WinposError, match="init_sha256: the init checkpoint is another file"):
         A.archived(other, tmp_path / "arch")
     init.unlink()  # a parent that is itself only archived has no weights here: its entry vouches for the chain
     assert A.archived(other, tmp_path / "arch") is not None
-    made = _spec(tmp_path, name="p1/abs/stage1", init=str(tmp_path / "study" / "p1" / "abs" / "init.pth"))
+    made = _spec(tmp_path, name="p1/abs/stage1", init=str(tmp_path / "runs" / "p1" / "abs" / "init.pth"))
     _finish(made)
-    A.keep(made, tmp_path / "arch")  # read back with another --output: the message names the one it was made with
-    with pytest.raises(WinposError, match=f"its runs were made with --output {tmp_path / 'study'}: pass that, or pass "
-                                          "another --archive"):
-        A.archived(dict(made, init=str(tmp_path / "elsewhere" / "p1" / "abs" / "init.pth")), tmp_path / "arch")
+    A.keep(made, tmp_path / "arch")
+    # read back with another --output (every path moved, the init at the same place relative to the run): the same run
+    moved = dict(made, init=str(tmp_path / "elsewhere" / "p1" / "abs" / "init.pth"),
+                 out=str(tmp_path / "elsewhere" / "p1" / "abs" / "stage1"))
+    assert A.archived(moved, tmp_path / "arch") is not None
+    # an init elsewhere relative to the run is another chain: refused, naming it and how to redo just that entry
+    with pytest.raises(WinposError, match=r"init_from '\.\./\.\./other/init.pth' asked, '\.\./init.pth' archived"
+                                          r".*delete just that entry \(p1__abs__stage1.json\) to run "
+                                          "p1/abs/stage1 again"):
+        A.archived(dict(made, init=str(tmp_path / "runs" / "p1" / "other" / "init.pth")), tmp_path / "arch")
+
+
+def test_a_fresh_clone_reads_and_continues_from_the_archive(tmp_path, monkeypatch):
+    """Issues 45 / 47: a study's archive made in one checkout is read in another (another config path, another
+    --output, no run folders), a run made again there with another speed is 'reproduced', a changed config is
+    refused."""
+    import shutil
+
+    clone_a, clone_b = tmp_path / "a", tmp_path / "b"
+    for clone in (clone_a, clone_b):
+        (clone / "configs").mkdir(parents=True)
+        shutil.copy(CONFIG, clone / "configs" / "c.py")
+    s0 = dict(name="p0/abs/stage0", kind="stage0", config=str(clone_a / "configs" / "c.py"), encoding="abs_learned",
+              iters=4, seed=100, threads=1, out=str(clone_a / "out" / "p0" / "stage0"))
+    R.claim(s0)
+    res = {"spec": {"iters": 4, "seed": 100}, "history": [{"iter": 4, "ws": 0.5, "loss": 0.1}], "seconds": 2.0,
+           "iters_per_s": 2.0, "started_utc": "2026-12-05T00:00:00Z"}
+    (Path(s0["out"]) / R.RESULT).write_text(json.dumps(R.seal(res, s0)))
+    assert A.keep(s0, tmp_path / "arch") == "new"
+    # clone B: relative config path, its own --output, no run folder
+    monkeypatch.chdir(clone_b)
+    in_b = dict(s0, config="configs/c.py", out="out2/p0/stage0")
+    assert A.archived(in_b, tmp_path / "arch")["history"][0]["ws"] == 0.5
+    R.claim(in_b)  # made again there: same numbers, another speed and time
+    (Path(in_b["out"]) / R.RESULT).write_text(json.dumps(R.seal(dict(res, seconds=9.0, iters_per_s=0.44), in_b)))
+    assert A.keep(in_b, tmp_path / "arch") == "reproduced"
+    (clone_b / "configs" / "c.py").write_text((clone_b / "configs" / "c.py").read_text() + "\n# changed\n")
+    with pytest.raises(WinposError, match="config_sha256"):
+        A.archived(in_b, tmp_path / "arch")
+    with pytest.raises(WinposError, match="config_sha256"):  # and its old run folder is another run now
+        R.claim(in_b)
 
 
 def test_made_again_same_numbers_is_reproduced_other_numbers_raise(tmp_path):

@@ -7,12 +7,15 @@ the run. The archive is then the record the report reads when the run's folder i
 
 * **Sealed.** The entry's result keeps its integrity hash (of the result and the identity), so an entry edited by
   hand, or copied under another run's name, is refused in one line.
-* **Matched.** An entry is used for a spec only when the spec asks for the same run: every setting equal, the
-  config file's SHA-256 equal; the init checkpoint's SHA-256 is compared when that file exists here (a later stage
+* **Matched.** An entry is used for a spec only when the spec asks for the same run (``runs.setting_differences``):
+  every setting equal, the config file's SHA-256 equal (not its path: a fresh clone or a moved checkout reads the
+  archive), the init at the same place relative to the run's folder (not the same absolute path: another
+  ``--output`` reads it too); the init checkpoint's SHA-256 is compared when that file exists here (a later stage
   whose parent is itself only archived has no weights to hash, and its parent's entry vouches for the chain).
 * **Checked on re-run.** Runs are seeded and repeat bit for bit on one machine and thread count. A run made again
-  (because a later stage needs its weights) is compared with its entry: the same numbers are recorded as
-  reproduced; different numbers raise ``NotReproduced`` naming the first differing field, and the entry is kept.
+  (because a later stage needs its weights) is compared with its entry, measurements (time, speed) and paths left
+  out: the same numbers are recorded as reproduced; different numbers raise ``NotReproduced`` naming the first
+  differing field, and the entry is kept.
 """
 from __future__ import annotations
 
@@ -23,7 +26,9 @@ from winpos.errors import WinposError
 from winpos.experiments import runs as R
 
 # fields of a result that differ between two runs of the same identity without meaning anything
-RESULT_VOLATILE = ("seconds", "started_utc", "integrity", "code")
+RESULT_VOLATILE = ("seconds", "iters_per_s", "started_utc", "integrity", "code")
+# where the run's files lay (its spec, kept in the result): compared as settings, by content and relative place
+RESULT_PATHS = ("spec.out", "spec.config", "spec.init")
 
 
 class NotReproduced(WinposError):
@@ -50,9 +55,10 @@ def _flat(obj, prefix: str = "") -> dict:
 
 
 def result_differences(a: dict, b: dict) -> list[str]:
-    """The fields (dotted paths) where two results of one identity differ, ``RESULT_VOLATILE`` left out."""
-    fa = _flat({k: v for k, v in a.items() if k not in RESULT_VOLATILE})
-    fb = _flat({k: v for k, v in b.items() if k not in RESULT_VOLATILE})
+    """The fields (dotted paths) where two results of one identity differ, ``RESULT_VOLATILE`` (measurements) and
+    ``RESULT_PATHS`` (where its files lay) left out."""
+    fa, fb = ({k: v for k, v in _flat({k: v for k, v in r.items() if k not in RESULT_VOLATILE}).items()
+               if k not in RESULT_PATHS} for r in (a, b))
     return [f"{k}: {fa.get(k)!r} archived, {fb.get(k)!r} now" for k in sorted(set(fa) | set(fb))
             if not _same(fa.get(k), fb.get(k))]
 
@@ -71,35 +77,25 @@ def read_entry(path) -> dict:
         raise WinposError(f"archive entry {path} is corrupt (not JSON); restore it from git or delete it") from None
     if not isinstance(entry, dict) or not {"name", "identity", "result"} <= set(entry):
         raise WinposError(f"archive entry {path} lacks name / identity / result; restore it from git or delete it")
-    R.check_seal(entry["result"], entry["identity"], path)
+    try:
+        R.check_seal(entry["result"], entry["identity"], path)
+    except WinposError:
+        raise WinposError(f"archive entry {path} (run {entry['name']}) does not match its integrity hash (edited by "
+                          f"hand, or copied from another run); restore that file from git, or delete just that file "
+                          f"to make run {entry['name']} again (the other entries stay)") from None
     return entry
 
 
 def _check_settings(entry: dict, spec: dict, path) -> None:
-    """Refuse, in one line naming what differs, an entry that is not the run ``spec`` asks for."""
-    held, now = entry["identity"], R.identity(spec)
-    keys = sorted((set(held) | set(now)) - {"init_sha256"})
-    diff = [f"{k} {now.get(k)!r} asked, {held.get(k)!r} archived" for k in keys if held.get(k) != now.get(k)]
-    if now.get("init_sha256") is not None and now["init_sha256"] != held.get("init_sha256"):
-        diff.append("init checkpoint: another SHA-256 than the archived run started from")
+    """Refuse, in one line naming what differs, an entry that is not the run ``spec`` asks for. The entry's run
+    folder is read from its result's spec (older entries without one compare every setting but the init's place)."""
+    held_spec = entry["result"].get("spec")
+    held_out = held_spec.get("out") if isinstance(held_spec, dict) else None
+    diff = R.setting_differences(entry["identity"], R.identity(spec), held_out, spec["out"], ("asked", "archived"))
     if diff:
-        hint = _folder_hint(held.get("init"), now.get("init"))
         raise WinposError(f"archive entry {path} is a run made with other settings ({'; '.join(diff[:3])}); "
-                          f"{hint}pass another --archive, or delete the entry to run it again")
-
-
-def _folder_hint(held, asked) -> str:
-    """When the two init paths differ only in the folder above a common tail (``.../pipeline6/abs/stage0/x.pth``),
-    the entry was made in another output folder: name it (the study's runs are tied to their folder's paths)."""
-    if not (isinstance(held, str) and isinstance(asked, str)) or held == asked:
-        return ""
-    a, b = Path(held).parts, Path(asked).parts
-    common = 0
-    while common < min(len(a), len(b)) and a[-1 - common] == b[-1 - common]:
-        common += 1
-    if common < 2 or common == len(a):
-        return ""
-    return f"its runs were made with --output {Path(*a[:len(a) - common])}: pass that, or "
+                          f"pass another --archive, or delete just that entry ({Path(path).name}) to run "
+                          f"{spec['name']} again")
 
 
 def archived(spec: dict, archive_dir) -> dict | None:

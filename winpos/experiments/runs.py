@@ -2,9 +2,13 @@
 made it, reused only when all of it matches.
 
 * **Identity.** A run's folder holds ``identity.json``: its spec (encoding, conversion, size, data, iterations, lr,
-  seed, threads...) plus the SHA-256 of its config file and of its init checkpoint. A folder whose identity differs
-  from the spec now asked for is refused in one line naming what differs (a finished 400-iteration run is never
-  reported as a 100-iteration one); a folder with files but no identity is refused too.
+  seed, threads...) plus the SHA-256 of its config file and of its init checkpoint. Two identities are the same run
+  when their **settings** are (``settings``): the config by its SHA-256, not where the file lies; the init by its
+  SHA-256 where the file is here and by its place relative to the run's folder, not its absolute path; no
+  measurement (time, speed) is part of it. So a clone, or a moved checkout, reuses its runs. A folder whose settings
+  differ from the spec now asked for is refused in one line naming what differs (a finished 400-iteration run is
+  never reported as a 100-iteration one; a changed config is another run); a folder with files but no identity is
+  refused too.
 * **Failures.** A run that fails raises ``RunFailed`` (an ``OSError``: the tools exit with status 1, "it failed
   while working", not 2, "bad input") naming its log.
 * **Integrity.** ``result.json`` carries ``integrity``: the SHA-256 of the result and the run's identity. A result
@@ -30,6 +34,7 @@ from winpos.errors import WinposError
 IDENTITY = "identity.json"
 RESULT = "result.json"
 _VOLATILE = ("name", "out")  # where a run is and what it is called are not what made it
+PATHS = ("config", "init")  # recorded in the identity, compared by content and relative place (``settings``)
 
 
 class RunFailed(OSError):
@@ -51,6 +56,28 @@ def identity(spec: dict) -> dict:
     ident["config_sha256"] = _file_sha(spec.get("config", ""))
     ident["init_sha256"] = _file_sha(spec.get("init", ""))
     return json.loads(json.dumps(ident))  # tuples -> lists: compared as stored
+
+
+def settings(ident: dict, out=None) -> dict:
+    """What made a run, wherever its files lie: ``ident`` less its file paths and less ``init_sha256`` (compared
+    apart, by ``setting_differences``), plus ``init_from``, the init's path relative to the run's folder ``out``
+    (None without an init, or when ``out`` is not known). The config is compared by ``config_sha256``."""
+    s = {k: v for k, v in ident.items() if k not in PATHS + ("init_sha256",)}
+    init = ident.get("init")
+    s["init_from"] = Path(os.path.relpath(init, out)).as_posix() if init and out else None
+    return s
+
+
+def setting_differences(held: dict, now: dict, held_out=None, now_out=None, words=("here", "there")) -> list[str]:
+    """The settings (``settings``) in which identity ``now`` (of a run in folder ``now_out``) differs from ``held``
+    (made in ``held_out``), one phrase each: ``iters 400 here, 2 there``. ``init_from`` counts where both are
+    known; the init's SHA-256 where both were hashed (a parent that is itself only archived has no file here)."""
+    a, b = settings(held, held_out), settings(now, now_out)
+    diff = [f"{k} {b.get(k)!r} {words[0]}, {a.get(k)!r} {words[1]}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not (k == "init_from" and None in (a.get(k), b.get(k)))]
+    if None not in (held.get("init_sha256"), now.get("init_sha256")) and held["init_sha256"] != now["init_sha256"]:
+        diff.append("init_sha256: the init checkpoint is another file (another SHA-256) than the run started from")
+    return diff
 
 
 def _digest(result: dict, ident: dict) -> str:
@@ -95,14 +122,10 @@ def prune(spec: dict) -> list[str]:
     return gone
 
 
-def _differences(a: dict, b: dict) -> list[str]:
-    keys = sorted(set(a) | set(b))
-    return [f"{k} {b.get(k)!r} here, {a.get(k)!r} there" for k in keys if a.get(k) != b.get(k)]
-
-
 def claim(spec: dict) -> dict:
-    """Make ``spec['out']`` this run's folder: create it with ``identity.json``, or accept it when its identity is
-    this spec's; refuse a folder made by another run. Returns the identity."""
+    """Make ``spec['out']`` this run's folder: create it with ``identity.json``, or accept it when its settings are
+    this spec's (``setting_differences``); refuse a folder made by another run. Returns the identity the folder
+    holds (its seal was made with it)."""
     out = Path(spec["out"])
     ident = identity(spec)
     path = out / IDENTITY
@@ -111,11 +134,11 @@ def claim(spec: dict) -> dict:
             held = json.loads(path.read_text())
         except json.JSONDecodeError:
             raise WinposError(f"{path} is corrupt; delete {out} to run {spec['name']} again") from None
-        diff = _differences(held, ident)
+        diff = setting_differences(held, ident, spec["out"], spec["out"])
         if diff:
             raise WinposError(f"{out} holds a run made with other settings ({'; '.join(diff[:3])}); pass another "
                               f"--output, or delete {out} to replace it")
-        return ident
+        return held
     if out.is_dir() and any(out.iterdir()):
         raise WinposError(f"{out} holds files of a run with no {IDENTITY} (made by an older winpos or another "
                           f"tool); pass another --output, or delete {out}")
