@@ -10,7 +10,10 @@ tool writes:
   listed in the folder's manifest, ``.winpos-outputs.json``; a folder whose manifest lists files is refused unless
   ``force``, and with ``force`` exactly those files are replaced: the ones the new run does not write again are
   removed by ``OutputFolder.finish`` when its outputs are complete (an earlier sweep's ``size_96/`` goes, a file
-  of the user's stays, and a run that fails half way leaves the earlier files where they were).
+  of the user's stays, and a run that fails half way leaves the earlier files where they were);
+- nothing goes through a symbolic link inside the folder: the lock is opened with ``O_NOFOLLOW``, a write below a
+  linked sub-folder is refused (``winpos.outputs.refuse_linked_folders``), the files detectron2 appends to itself
+  are checked first (``refuse_links``), and removal takes only regular files, never one behind a linked folder.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ from pathlib import Path
 from typing import Iterable
 
 from winpos.errors import WinposError
-from winpos.outputs import LOCK_NAME, MANIFEST_NAME, _claimed, _fsync_dir, _record, atomic_write_json, check_output_dir
+from winpos.outputs import (LOCK_NAME, MANIFEST_NAME, _claimed, _fsync_dir, _record, atomic_write_json, check_output_dir,
+                            link_refusal, refuse_linked_folders)
 
 __all__ = ["lock_folder", "OutputFolder", "claim_output_dir", "adopt_output_dir", "finish_output_dir",
-           "release_output_dir", "publish_folder", "clear_outputs"]
+           "release_output_dir", "publish_folder", "clear_outputs", "refuse_links"]
 
 
 def _holder_note() -> str:
@@ -41,7 +45,12 @@ def lock_folder(folder, refusal: str) -> int:
     import fcntl
 
     path = os.path.join(os.fspath(folder), LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # output-policy: the lock, a note, not an output
+    try:  # never through a link: it would truncate the file it points to
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # output-policy: the lock, not an output
+    except OSError as e:
+        if os.path.islink(path):
+            raise link_refusal(path) from None
+        raise
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -108,19 +117,53 @@ class OutputFolder:
             self._fd = None
 
 
+def _linked_part(folder: Path, name: str) -> Path | None:
+    """The first of ``folder / name`` and the folders between it and ``folder`` that is a symbolic link, or None."""
+    p = folder
+    for part in Path(name).parts:
+        p = p / part
+        if p.is_symlink():
+            return p
+    return None
+
+
 def _remove(folder: Path, names) -> list[str]:
+    """Remove the regular files ``folder / name`` and the sub-folders this empties; never through a link: a name
+    that is a link, or lies under a linked sub-folder, is left (and logged), so nothing outside ``folder`` goes."""
+    import logging
+    import stat
+
     removed = []
     for name in names:
         p = folder / name
-        if p.is_file() or p.is_symlink():
+        link = _linked_part(folder, name)
+        if link is not None:
+            logging.getLogger(__name__).warning(f"left {p}: {link} is a symbolic link, and winpos removes only "
+                                                f"files inside {folder}")
+            continue
+        try:
+            regular = stat.S_ISREG(os.lstat(p).st_mode)
+        except OSError:
+            continue
+        if regular:
             p.unlink()
             removed.append(name)
     for name in names:
         parent = (folder / name).parent
-        while parent != folder and parent.is_dir() and not any(parent.iterdir()):
+        while parent != folder and _linked_part(folder, os.path.relpath(parent, folder)) is None \
+                and parent.is_dir() and not any(parent.iterdir()):
             parent.rmdir()
             parent = parent.parent
     return removed
+
+
+def refuse_links(folder, names: Iterable[str]) -> None:
+    """Refuse (one line) when one of ``folder / name`` is a symbolic link: for files a third-party writer opens
+    itself (detectron2 appends to ``log.txt`` and ``metrics.json``), checked before it opens them."""
+    for name in names:
+        p = os.path.join(os.fspath(folder), name)
+        if os.path.islink(p):
+            raise link_refusal(p)
 
 
 def clear_outputs(folder, also: Iterable[str] = ()) -> list[str]:
@@ -189,6 +232,7 @@ def publish_folder(staging, dest) -> list[str]:
     staging, dest = Path(staging), Path(dest)
     names = sorted(p.name for p in staging.iterdir() if p.is_file())
     for name in names:
+        refuse_linked_folders(dest / name)
         os.replace(staging / name, dest / name)
         _record(str(dest / name))
     _fsync_dir(str(dest))

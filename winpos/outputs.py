@@ -37,7 +37,7 @@ from winpos.errors import WinposError
 
 __all__ = ["atomic_write", "atomic_write_text", "atomic_write_json", "atomic_savefig", "EXEMPT_MARK", "WriteError",
            "check_output_file", "check_output_dir", "same_file", "remove_stale_temps", "LOCK_NAME", "MANIFEST_NAME",
-           "as_write_error"]
+           "as_write_error", "link_refusal", "refuse_linked_folders"]
 
 LOCK_NAME = ".winpos-run.lock"
 MANIFEST_NAME = ".winpos-outputs.json"
@@ -93,6 +93,7 @@ def atomic_write(path, write: Callable, mode: str = "wb") -> None:
     no temporary file is left.
     """
     path = os.fspath(path)
+    refuse_linked_folders(path)
     folder = os.path.dirname(os.path.abspath(path))
     tmp = f"{path}.{os.getpid()}.tmp"
     linked = False
@@ -284,17 +285,49 @@ def check_output_dir(path, input_files: Iterable = (), planned: Iterable[str] = 
 _claimed: dict = {}  # resolved folder -> the OutputFolder this process holds
 
 
-def _record(path: str) -> None:
-    """List ``path`` in the manifest of the claimed folder that holds it (the innermost one)."""
-    if not _claimed or os.path.basename(path) == MANIFEST_NAME:
-        return
+def _enclosing_claim(path: str):
+    """``(claim, between)``: the innermost claimed folder that holds ``path`` (None if none) and the folders
+    between them (``path``'s folder up to, not including, the claimed one)."""
+    between = []
     probe = os.path.dirname(os.path.abspath(path))
     while True:
         claim = _claimed.get(probe) or _claimed.get(os.path.realpath(probe))
         if claim is not None:
-            claim.record(path)
-            return
+            return claim, between
         parent = os.path.dirname(probe)
         if parent == probe:
-            return
+            return None, []
+        between.append(probe)
         probe = parent
+
+
+def _record(path: str) -> None:
+    """List ``path`` in the manifest of the claimed folder that holds it (the innermost one)."""
+    if not _claimed or os.path.basename(path) == MANIFEST_NAME:
+        return
+    claim, _ = _enclosing_claim(path)
+    if claim is not None:
+        claim.record(path)
+
+
+def link_refusal(link) -> WinposError:
+    """The one line for a symbolic link met where a tool writes inside its output folder."""
+    try:
+        target = f" (to {os.readlink(link)})"
+    except OSError:
+        target = ""
+    return WinposError(f"{link} is a symbolic link{target}; winpos never writes, appends or deletes through a link "
+                       "inside its output folder: remove the link (what it points to stays untouched) or choose "
+                       "another folder")
+
+
+def refuse_linked_folders(path) -> None:
+    """Refuse (``link_refusal``) a write to ``path`` inside a claimed output folder when a folder between the
+    claimed one and ``path`` is a symbolic link (an earlier run's ``size_96/`` moved away and linked back): the
+    write would land outside. ``path`` itself may be a link: an atomic write replaces the link, not its target."""
+    if not _claimed:
+        return
+    _, between = _enclosing_claim(os.fspath(path))
+    for folder in between:
+        if os.path.islink(folder):
+            raise link_refusal(folder)

@@ -49,7 +49,7 @@ from winpos.d2.startup import check_schedule, plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import WinposError
 from winpos.process_notes import NOTES_ENV, launched_failure, run_reporting
-from winpos.output_folders import claim_output_dir, finish_output_dir
+from winpos.output_folders import claim_output_dir, finish_output_dir, refuse_links
 from winpos.outputs import atomic_write
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",
@@ -167,6 +167,8 @@ def _default_setup(cfg, args) -> None:
         else:  # before log.txt: a folder holding another run, or in use by one, is refused untouched
             claim_run_dir(output_dir, resume=getattr(args, "resume", False), force=getattr(args, "force", False))
     rank = comm.get_rank()
+    if output_dir:  # detectron2 appends to these itself: never through a link (into the file it points to)
+        refuse_links(output_dir, ["log.txt" if rank == 0 else f"log.txt.rank{rank}", "metrics.json"])
     setup_logger(output_dir, distributed_rank=rank, name="fvcore")
     d2_logger = setup_logger(output_dir, distributed_rank=rank)
     setup_logger(output_dir, distributed_rank=rank, name="winpos")

@@ -27,8 +27,8 @@ from omegaconf import OmegaConf
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_num_classes
 from winpos.errors import WinposError
-from winpos.output_folders import claim_output_dir, publish_folder
-from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir
+from winpos.output_folders import claim_output_dir, publish_folder, refuse_links
+from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, refuse_linked_folders
 
 __all__ = ["build_coco_evaluator", "StagedCOCOEvaluator", "set_test_size",
            "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
@@ -58,6 +58,7 @@ class StagedCOCOEvaluator(COCOEvaluator):
         final = self._output_dir
         if not final or not comm.is_main_process():  # only the main process writes (the others return early)
             return super().evaluate(img_ids)
+        refuse_linked_folders(os.path.join(final, "coco_instances_results.json"))  # a linked size_96/: refused
         os.makedirs(final, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".staging-", dir=final)
         self._output_dir = staging
@@ -324,7 +325,8 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
     # last of the checks, first of the writes: the folder is held from here until the process ends
     claim = claim_output_dir(output_dir, planned=planned + ["instances_predictions.pth", "coco_instances_results.json"],
                              force=force)
-    if sizes:
+    if sizes:  # a size's folder that is a link (moved away, linked back) is refused before any work
+        refuse_links(output_dir, [f"size_{int(s)}" for s in sizes])
         label = label or _run_label(cfg)
         title = f"{os.path.basename(str(config_file))}\n{os.path.basename(str(checkpoint))}"
         results = resolution_sweep(cfg, model, sizes, output_dir, fps=fps, progress=progress, label=label,

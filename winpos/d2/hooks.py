@@ -110,4 +110,7 @@ def log_detectron2_to_file(path: str) -> None:
     """detectron2's log of this process into ``path`` only (nothing on the console)."""
     from detectron2.utils.logger import setup_logger
 
+    from winpos.output_folders import refuse_links
+
+    refuse_links(os.path.dirname(path) or ".", [os.path.basename(path)])  # it appends: never through a link
     setup_logger(output=path, name="detectron2", abbrev_name="d2", configure_stdout=False)
