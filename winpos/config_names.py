@@ -9,7 +9,12 @@ from pathlib import Path
 
 from winpos.errors import MissingInputError
 
-__all__ = ["config_root", "config_path", "list_configs", "demo_checkpoint", "DEMO_CHECKPOINT"]
+__all__ = ["config_root", "config_path", "list_configs", "demo_checkpoint", "DEMO_CHECKPOINT", "CONFIG_FILE_HELP"]
+
+CONFIG_FILE_HELP = ("a config name (shapes/mask_rcnn_hieradet_toy_abswin.py), a LazyConfig .py file (Python: it runs, "
+                    "so pass only files you trust) or a run's config.yaml (read as data: no YAML tag or untrusted "
+                    "_target_ runs)")
+"""The ``--config-file`` help of ``winpos-train``, ``winpos-eval`` and ``winpos-predict``."""
 
 DEMO_CHECKPOINT = "stage1_hieradet_abs_learned_64px.pth"
 _PACKAGE = Path(__file__).resolve().parent

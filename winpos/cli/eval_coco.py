@@ -17,6 +17,7 @@ overrides. Bad input: one "error:" line and exit status 2. The logic is in winpo
 """
 import sys
 
+from winpos.config_names import CONFIG_FILE_HELP
 from winpos.errors import ArgumentParser, int_list, nonnegative_int, quiet_third_party_warnings, run_cli
 
 
@@ -24,7 +25,7 @@ def build_parser():
     import argparse
 
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-file", required=True)
+    parser.add_argument("--config-file", required=True, metavar="FILE", help=CONFIG_FILE_HELP)
     parser.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
     parser.add_argument("--dataset", action="append", default=[], metavar="NAME=JSON:IMAGE_ROOT",
                         help="register a COCO-format dataset first (repeatable)")

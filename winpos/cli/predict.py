@@ -21,6 +21,7 @@ input. The logic is in winpos.d2.predict.
 """
 import sys
 
+from winpos.config_names import CONFIG_FILE_HELP
 from winpos.errors import (EXIT_FAILED, ArgumentParser, WinposError, finite_float, late_flags, nonnegative_int,
                            positive_int, quiet_third_party_warnings, run_cli)
 
@@ -31,7 +32,7 @@ def build_parser():
     import argparse
 
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-file", required=True)
+    parser.add_argument("--config-file", required=True, metavar="FILE", help=CONFIG_FILE_HELP)
     parser.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
     parser.add_argument("--random-weights", action="store_true",
                         help="run without weights (an untrained model: its drawings are noise)")

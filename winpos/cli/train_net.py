@@ -22,6 +22,7 @@ status 2, also with --num-gpus N. The logic is in winpos.d2.engine.
 import argparse
 import sys
 
+from winpos.config_names import CONFIG_FILE_HELP
 from winpos.errors import ArgumentParser, late_flags, nonnegative_int, positive_int, quiet_third_party_warnings, run_cli
 
 
@@ -30,7 +31,7 @@ def build_parser():
     that ``--help`` and argument errors come at once (tests/test_tools_cli.py keeps the flags equal to
     ``winpos.d2.engine.build_parser``'s)."""
     parser = ArgumentParser(epilog=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-file", default="", metavar="FILE", help="path to config file")
+    parser.add_argument("--config-file", default="", metavar="FILE", help=CONFIG_FILE_HELP)
     parser.add_argument("--resume", action="store_true",
                         help="continue from train.output_dir/last_checkpoint (exact resume)")
     parser.add_argument("--eval-only", action="store_true", help="perform evaluation only")

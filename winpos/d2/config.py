@@ -150,9 +150,11 @@ def _check_value_type(cfg, key: str, new) -> None:
 
 
 def load_config(path, overrides=()) -> DictConfig:
-    """``LazyConfig.load(path)`` (``.py`` or a saved ``config.yaml``) plus strict ``overrides``. ``path`` is a file,
-    or the name of a config shipped with winpos (``COCO/mask_rcnn_vitdet_b_100ep.py``, ``configs/...`` accepted:
-    ``winpos.model_zoo.config_path``)."""
+    """A LazyConfig ``.py`` file or a saved ``config.yaml``, plus strict ``overrides``. ``path`` is a file, or the
+    name of a config shipped with winpos (``COCO/mask_rcnn_vitdet_b_100ep.py``, ``configs/...`` accepted:
+    ``winpos.model_zoo.config_path``). A ``.py`` file is Python and runs (detectron2's LazyConfig convention:
+    pass only ``.py`` configs you trust); a ``config.yaml`` is read as data (``winpos.d2.safe_config``: no YAML
+    tag builds an object, every ``_target_`` must name a trusted module's class or function)."""
     from winpos.config_names import config_path
 
     path = os.fspath(path)
@@ -164,6 +166,10 @@ def load_config(path, overrides=()) -> DictConfig:
     if not path.endswith((".py", ".yaml", ".yml")):
         raise WinposError(f"config file {path!r} is neither a LazyConfig .py file nor a config.yaml; pass e.g. "
                           "configs/shapes/mask_rcnn_hieradet_toy_abswin.py")
+    if not path.endswith(".py"):
+        from winpos.d2.safe_config import load_yaml_config
+
+        return apply_overrides(load_yaml_config(path), overrides)
     try:
         cfg = LazyConfig.load(path)
     except Exception as e:  # noqa: BLE001 - a config file runs arbitrary Python; any error means it did not load

@@ -125,12 +125,13 @@ def _as_saved(cfg) -> dict:
     import tempfile
 
     from detectron2.config import LazyConfig
-    from omegaconf import OmegaConf
+
+    from winpos.d2.safe_config import read_yaml_as_data
 
     with tempfile.TemporaryDirectory(prefix="winpos-config-") as tmp:
         path = os.path.join(tmp, "config.yaml")
         LazyConfig.save(cfg, path)  # output-policy: a private temporary folder, read back and removed
-        return OmegaConf.to_container(LazyConfig.load(path), resolve=False)
+        return read_yaml_as_data(path)
 
 
 def _select(tree, key: str):
@@ -168,14 +169,16 @@ def check_resume(cfg, output_dir) -> list[tuple[str, object, object]]:
     path = Path(output_dir) / "config.yaml"
     if not path.is_file():
         return []
-    from detectron2.config import LazyConfig
-    from omegaconf import OmegaConf
+    from winpos.d2.safe_config import read_yaml_as_data
 
     try:
-        saved = OmegaConf.to_container(LazyConfig.load(str(path)), resolve=False)
-    except Exception as e:  # noqa: BLE001 - yaml / omegaconf raise their own types
-        raise WinposError(f"{path} cannot be read ({type(e).__name__}: {e}); a resume is checked against it: "
-                          "restore it, or start a new run (--force, or another train.output_dir)") from None
+        saved = read_yaml_as_data(path)  # data only: a tag in a copied run folder builds nothing
+    except WinposError as e:
+        raise WinposError(f"{e}; a resume is checked against it: restore it, or start a new run (--force, or "
+                          "another train.output_dir)") from None
+    if not isinstance(saved, dict):
+        raise WinposError(f"{path} holds {type(saved).__name__}, not a config; a resume is checked against it: "
+                          "restore it, or start a new run (--force, or another train.output_dir)")
     here = _as_saved(cfg)
     refused = [d for key in RUN_KEYS for d in _leaf_diffs(_select(here, key), _select(saved, key), key)]
     if refused:
