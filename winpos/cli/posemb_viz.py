@@ -11,16 +11,20 @@
         An --out holding an earlier report.json or figures is refused unless --force (which removes them first).
 
     winpos-posemb doctor CONFIG_OR_PRESET [CONFIG_OR_PRESET ...] [--image-size N] [--recipe R]
-                                     [key=value ...]
-        Says whether each model interpolates an absolute embedding under window attention at that size, which
-        blocks are affected, and the fix (an override or command to paste). Several configs or presets run in one
-        process. Exit status 1 when the bug is present in any. Overrides are strict, as in winpos-train.
+                                     [--rope-trained-size PX] [--plots DIR] [--force] [key=value ...]
+        Says whether each model interpolates an absolute embedding under window attention at that size ([BUG]),
+        which blocks are affected, and the fix (an override or command to paste); then, per block kind, what its
+        RoPE (positions and rotation angles against the trained range: extrapolation, compression, aliasing) and
+        relpos tables (how far they are stretched) see at that size ([WARN] where training never showed it).
+        --plots writes one figure per term. Several configs or presets run in one process. Exit status 1 when the
+        bug is present in any (a warning alone is 0). Overrides are strict, as in winpos-train.
 
 Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0): one
 "error:" line and exit status 2.
 """
 import argparse
 import sys
+from pathlib import Path
 
 from winpos.errors import EXIT_USAGE, ArgumentParser, WinposError, int_list, positive_int, run_cli
 
@@ -52,6 +56,13 @@ def build_parser():
     d.add_argument("--recipe", default=None,
                    help="position-encoding recipe (original, paper, rope, lookhere; default: the config's own, or "
                         "original for a preset)")
+    d.add_argument("--rope-trained-size", type=positive_int, default=None, metavar="PX",
+                   help="image size in px the RoPE was trained at, with global attention (default: the model's "
+                        "pretraining size, pretrain_img_size; a RoPE first trained in detection finetuning: that "
+                        "size, e.g. 1024)")
+    d.add_argument("--plots", default=None, metavar="DIR",
+                   help="write one figure per block term and model to DIR (<target>_rope.png, <target>_relpos.png)")
+    d.add_argument("--force", action="store_true", help="replace figures of an earlier run in --plots DIR")
     return parser
 
 
@@ -65,14 +76,25 @@ def run(argv=None):
         raise WinposError("doctor: no config or preset given; pass e.g. configs/COCO/mask_rcnn_vitdet_b_100ep.py")
     from winpos.d2.doctor import diagnose_many
 
+    if args.plots:
+        from winpos.diagnostics.plots import prepare_report_dir
+
+        prepare_report_dir(args.plots, force=args.force, flag="--plots")  # before any work
     bug = errors = 0
-    for _, report, error in diagnose_many(targets, args.image_size, args.recipe, overrides):
+    for target, report, error in diagnose_many(targets, args.image_size, args.recipe, overrides,
+                                               args.rope_trained_size):
         if error:
             print(f"error: {error}", file=sys.stderr)
             errors += 1
             continue
         print(report.text(), flush=True)
         bug += not report.ok
+        if args.plots and report.terms:
+            from winpos.diagnostics.term_plots import plot_terms
+
+            stem = f"{Path(target).stem}_{report.image_size}px"
+            for path in plot_terms(report.terms, args.plots, stem, title=f"{report.target} at {report.image_size} px"):
+                print(f"  wrote {path}")
     return EXIT_USAGE if errors else (1 if bug else 0)
 
 

@@ -9,17 +9,19 @@ import os
 import torch
 
 from winpos.diagnostics.doctor import (DoctorReport, build_checked, check_image_size, diagnose_backbone, diagnose_preset,
-                                      fix_text)
+                                      fix_text, keeps_block_terms)
 from winpos.errors import MissingInputError, WinposError, as_hw
 
 
-def diagnose(target: str, image_size: int | None = None, recipe: str | None = None, overrides=()) -> DoctorReport:
+def diagnose(target: str, image_size: int | None = None, recipe: str | None = None, overrides=(),
+             trained_size: int | None = None) -> DoctorReport:
     """``target``: a LazyConfig ``.py`` file or a preset name; ``overrides``: ``key=value`` strings (config keys for a
     config, constructor arguments for a preset). ``image_size`` None means the model's own size; ``recipe`` None
-    means the config's own recipe, or ``"original"`` for a preset."""
+    means the config's own recipe, or ``"original"`` for a preset. ``trained_size``: the image size (px) the RoPE was
+    trained at (default: the model's pretraining size)."""
     check_image_size(image_size)
     if not target.endswith(".py"):
-        return diagnose_preset(target, image_size, recipe or "original", overrides)
+        return diagnose_preset(target, image_size, recipe or "original", overrides, trained_size)
     given = target  # the fix names the config as the user wrote it
     if not os.path.isfile(target):
         from winpos.config_names import config_path
@@ -28,23 +30,25 @@ def diagnose(target: str, image_size: int | None = None, recipe: str | None = No
             target = config_path(target)  # a config shipped with winpos, by name
         except MissingInputError as e:
             raise MissingInputError(f"{e}; or pass a preset name such as vitdet_b") from None
-    net, default_size, name, preset, key = _build_from_config(target, overrides, recipe)
-    return diagnose_backbone(net, image_size or default_size, name, fix=fix_text(preset, given, key))
+    net, default_size, name, preset, key, recipe = _build_from_config(target, overrides, recipe)
+    fix = fix_text(preset, given, key, recipe=recipe, keep_terms=keeps_block_terms(net))
+    return diagnose_backbone(net, image_size or default_size, name, fix=fix, trained_size=trained_size)
 
 
-def diagnose_many(targets, image_size: int | None = None, recipe: str | None = None, overrides=()):
+def diagnose_many(targets, image_size: int | None = None, recipe: str | None = None, overrides=(),
+                  trained_size: int | None = None):
     """``diagnose`` each target in one process; yields ``(target, DoctorReport or None, error message or None)``:
     a target that cannot be checked gets its one-line error and the others are still checked."""
     for target in targets:
         try:
-            yield target, diagnose(target, image_size, recipe, overrides), None
+            yield target, diagnose(target, image_size, recipe, overrides, trained_size), None
         except (WinposError, OSError) as e:
             yield target, None, f"{target}: {' '.join(str(e).split())}"
 
 
 def _build_from_config(path: str, overrides=(), recipe: str | None = None):
-    """Return (winpos backbone on the meta device, default image size, name, preset, the recipe's override key)
-    from a LazyConfig file, with the backbone's recipe replaced by ``recipe`` unless it is None."""
+    """Return (winpos backbone on the meta device, default image size, name, preset, the recipe's override key,
+    the recipe) from a LazyConfig file, with the backbone's recipe replaced by ``recipe`` unless it is None."""
     from winpos.backbones import create
     from winpos.d2.config import load_config
 
@@ -65,4 +69,4 @@ def _build_from_config(path: str, overrides=(), recipe: str | None = None):
     with torch.device("meta"):
         net = build_checked(create, node["net"], node["recipe"], kwargs, f"{path}")
     return (net, max(as_hw(kwargs.get("img_size", 1024), "img_size")), f"{path} ({node['net']}, recipe "
-            f"{node['recipe']})", node["net"], key)
+            f"{node['recipe']})", node["net"], key, node["recipe"])

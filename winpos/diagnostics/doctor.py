@@ -1,9 +1,13 @@
-"""The doctor: will this model interpolate an absolute position embedding under window attention at this size?
+"""The doctor: what does each position term of this model see at this image size?
 
 It inspects a winpos backbone (built from a preset or from a LazyConfig's backbone node, on the meta device so
-even ViT-H costs nothing) and reports, for the requested image size, whether the token embedding is naively
-resized while blocks attend in windows whose period no longer matches the embedding's, which blocks are affected,
-and the fix.
+even ViT-H costs nothing) and reports, for the requested image size:
+
+* the token embedding: whether it is naively resized while blocks attend in windows whose period no longer matches
+  the embedding's ([BUG], exit status 1), which blocks are affected, and the fix;
+* the block terms (``winpos.diagnostics.terms``): RoPE positions and rotation angles per block kind against the
+  trained range (extrapolation, compression, aliasing), and how relpos tables are resampled ([WARN] where the
+  blocks see what training never showed them; a warning is not a bug and keeps exit status 0).
 
 This module needs no detectron2: it checks a built backbone or a preset. ``winpos.d2.doctor.diagnose`` adds
 LazyConfig targets, loaded with winpos's strict override loader (an override that names no key, or gives a value
@@ -19,7 +23,8 @@ import torch
 from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
-__all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport", "fix_text"]
+__all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport", "fix_text",
+           "keeps_block_terms"]
 
 
 @dataclass
@@ -33,12 +38,20 @@ class DoctorReport:
     affected_blocks: list = field(default_factory=list)
     lines: list = field(default_factory=list)
     fix: str = ""
+    terms: list = field(default_factory=list)  # winpos.diagnostics.terms.TermReport per (term, block kind)
+
+    @property
+    def warn(self) -> bool:
+        """A block term sees what training never showed it (not a bug: exit status 0)."""
+        return any(t.level == "WARN" for t in self.terms)
 
     def text(self) -> str:
-        head = "OK" if self.ok else "BUG"
+        head = "BUG" if not self.ok else "WARN" if self.warn else "OK"
         out = [f"[{head}] {self.target} at {self.image_size} px: {self.embedding}"] + [f"  {ln}" for ln in self.lines]
         if self.fix:
             out.append(f"  fix: {self.fix}")
+        for term in self.terms:  # each: a [LEVEL] header, then its findings
+            out += [f"  {ln}" for ln in term.text(indent="  ").split("\n")]
         return "\n".join(out)
 
 
@@ -50,11 +63,30 @@ def _window_blocks(net) -> list[tuple[int, int]]:
     return [(i, blk.attn.window_size) for i, blk in enumerate(net.blocks) if blk.attn.window_size]
 
 
-def fix_text(preset: str | None = None, config: str | None = None, recipe_key: str | None = None) -> str:
+def keeps_block_terms(net) -> bool:
+    """Whether the fix must keep the model's block terms: RoPE or LookHere in some block (recipe ``paper`` would
+    replace them), as in EVA-02's detection backbone (an absolute embedding plus RoPE)."""
+    return any(blk.attn.position.kind in ("rope", "lookhere") for blk in net.blocks)
+
+
+def fix_text(preset: str | None = None, config: str | None = None, recipe_key: str | None = None,
+             recipe: str | None = None, keep_terms: bool = False) -> str:
     """The fix for an interpolated absolute embedding, as things to paste: the config override (or the doctor's
     ``--recipe`` for a preset) that selects the abs-win recipe, and the converter command with the preset filled in
-    (CKPT / OUT are the user's files)."""
+    (CKPT / OUT are the user's files). ``keep_terms`` (``keeps_block_terms``): only the token embedding becomes
+    abs-win (``pos_embed=abswin``) and ``recipe`` with its block terms stays."""
     to = preset or "PRESET"
+    if keep_terms:
+        key = f"{recipe_key.rsplit('.', 1)[0]}.pos_embed" if recipe_key else "pos_embed"
+        convert = (f"winpos-convert --input CKPT --output OUT.safetensors --to {to} --recipe {recipe or 'RECIPE'} "
+                   "--pos-embed abswin")
+        if config and recipe_key:
+            use = (f"keep the block terms and tile the embedding: add the override {key}=abswin, e.g. winpos-train "
+                   f"--config-file {config} {key}=abswin")
+        else:
+            use = (f"keep the block terms and tile the embedding: winpos-posemb doctor {to} --recipe "
+                   f"{recipe or 'RECIPE'} pos_embed=abswin")
+        return f"{use}\n       and convert its checkpoint on import: {convert}"
     convert = f"winpos-convert --input CKPT --output OUT.safetensors --to {to} --recipe paper"
     if config and recipe_key:
         use = (f"add the override {recipe_key}=paper (abs-win), e.g. winpos-train --config-file {config} "
@@ -66,11 +98,23 @@ def fix_text(preset: str | None = None, config: str | None = None, recipe_key: s
     return f"{use}\n       and convert its checkpoint on import: {convert}"
 
 
-def diagnose_backbone(net, image_size: int, name: str = "model", fix: str | None = None) -> DoctorReport:
-    """Check one winpos backbone (HieraDet or ViTDet) at a square ``image_size``. ``fix``: the fix to print when the
-    bug is present (``fix_text``; default: the generic one)."""
+def diagnose_backbone(net, image_size: int, name: str = "model", fix: str | None = None,
+                      trained_size: int | None = None) -> DoctorReport:
+    """Check one winpos backbone (HieraDet or ViTDet) at a square ``image_size``: its token embedding, then its block
+    terms (``winpos.diagnostics.terms.position_terms``). ``fix``: the fix to print when the bug is present
+    (``fix_text``; default: the generic one). ``trained_size``: the image size (px) the RoPE was trained at
+    (default: the model's pretraining size)."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
         raise WinposError(f"image_size={image_size!r} must be a positive number of pixels, e.g. 1024")
+    check_image_size(trained_size, "--rope-trained-size")
+    from winpos.diagnostics.terms import position_terms
+
+    report = _embedding_report(net, image_size, name, fix)
+    report.terms = position_terms(net, image_size, trained_size)
+    return report
+
+
+def _embedding_report(net, image_size: int, name: str, fix: str | None) -> DoctorReport:
     stride = _stride(net)
     grid = (-(-image_size // stride),) * 2
     windows = _window_blocks(net)
@@ -132,7 +176,7 @@ def _parse_value(text: str):
 
 
 def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "original",
-                    overrides=()) -> DoctorReport:
+                    overrides=(), trained_size: int | None = None) -> DoctorReport:
     """Check backbone preset ``preset`` (``winpos.backbones.create``) built with ``recipe`` and ``overrides``
     (``key=value`` constructor arguments) at ``image_size`` (None: the model's own size). A LazyConfig target
     goes through ``winpos.d2.doctor.diagnose``, which loads the config with detectron2."""
@@ -157,14 +201,15 @@ def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "o
         net = build_checked(create, preset, recipe, kwargs, f"preset {preset}")
     default_size = max(as_hw(kwargs.get("img_size", 1024), "img_size"))
     return diagnose_backbone(net, image_size or default_size, f"preset {preset} (recipe {recipe})",
-                             fix=fix_text(preset))
+                             fix=fix_text(preset, recipe=recipe, keep_terms=keeps_block_terms(net)),
+                             trained_size=trained_size)
 
 
-def check_image_size(image_size) -> None:
+def check_image_size(image_size, flag: str = "--image-size") -> None:
     """``image_size`` must be None (the model's own size) or a positive int."""
     if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or
                                    image_size <= 0):
-        raise WinposError(f"--image-size {image_size!r} must be a positive number of pixels, e.g. 1024 (leave it out "
+        raise WinposError(f"{flag} {image_size!r} must be a positive number of pixels, e.g. 1024 (leave it out "
                           "for the model's own size)")
 
 

@@ -1,0 +1,285 @@
+"""The doctor's reading of the block position terms (RoPE and relpos) at a new image size.
+
+For each block kind (window blocks and global blocks) it compares what the blocks see at the new size with what
+the term was trained on:
+
+* **RoPE**: attention depends only on the rotation of the offset between two tokens, ``angle(p_i) - angle(p_j)``.
+  The reference is global attention over the trained grid (RoPE checkpoints are pretrained globally). Per rotation
+  slot (one frequency, per head when heads learn their own) it measures the angle range over all token pairs
+  and the angle step between neighbouring tokens, at the reference and at the new size, from the module's own
+  positions and angles (``RoPE.grid_positions`` / ``grid_angles``), so every coordinate convention is read as it is
+  computed. Verdicts:
+
+  - *extrapolation*: offsets reach at least one trained step beyond the trained ones (integer positions on a
+    larger grid). Trained offsets up to D put a slot's rotations in ``[-wD, +wD]``, which covers the whole circle
+    once ``wD >= pi``; a slot with ``wD < pi`` (a period above 2D) whose range grows meets rotations never seen.
+  - *compression* / *stretch*: positions rescaled into the trained grid (normalized coordinates, EVA-02's
+    interpolated positions) keep every offset inside the trained range, but the step between neighbours shrinks
+    (compression: offsets between trained ones the model never saw) or grows.
+  - *aliasing*: a slot turning more than pi per token: one step reads as a smaller turn the other way.
+
+* **relpos**: the stored table (length ``2S-1``, offsets ``|d| <= S-1``) is linearly resampled to ``2K-1`` for a
+  key extent K; the stretch ``(2K-1)/(2S-1)`` and the offsets beyond the trained ones are reported.
+
+``position_terms(net, image_size, trained_px)`` returns one ``TermReport`` per (term, block kind);
+``winpos.diagnostics.doctor`` prints them and ``winpos.diagnostics.term_plots`` draws them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from winpos.errors import WinposError
+
+__all__ = ["BlockGroup", "RopeRange", "TermReport", "block_groups", "position_terms", "relpos_report", "rope_range",
+           "rope_report", "trained_image_px"]
+
+TOL = 1e-4  # relative tolerance on positions and angles (float32 tables)
+HALF_TURN = math.pi
+
+
+@dataclass
+class BlockGroup:
+    """Blocks of one kind (``"window"`` / ``"global"``) with one position term and one key extent."""
+
+    kind: str
+    term: str
+    blocks: list
+    extent: tuple  # key grid the term covers at the new size: the window, or the block's whole input grid
+    trained_extent: tuple  # ... at the trained size (global attention over the trained grid)
+
+
+@dataclass
+class RopeRange:
+    """Positions and rotation angles one RoPE module gives the tokens of one grid.
+
+    span: ``(heads, S)`` largest angle between two tokens per rotation slot (radians); step: ``(heads, S)`` angle
+    between neighbouring tokens (the larger of one step in y and in x). pos_span / pos_step: ``(2,)`` (y, x) range
+    and step of the positions, in the module's position units."""
+
+    grid: tuple
+    span: np.ndarray
+    step: np.ndarray
+    pos_lo: np.ndarray
+    pos_hi: np.ndarray
+    pos_step: np.ndarray
+
+    @property
+    def pos_span(self) -> np.ndarray:
+        return self.pos_hi - self.pos_lo
+
+
+@dataclass
+class TermReport:
+    """One term on one block kind: ``level`` ``"OK"`` or ``"WARN"``, the lines to print, and the numbers the plots
+    draw (``data``)."""
+
+    term: str
+    group: BlockGroup
+    level: str = "OK"
+    lines: list = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+
+    def text(self, indent: str = "  ") -> str:
+        """``term, kind blocks (i, j, ...): LEVEL`` then one indented line per finding (the model's own verdict is
+        the bracketed ``[OK]`` / ``[WARN]`` / ``[BUG]`` of the doctor's first line)."""
+        blocks = ", ".join(map(str, self.group.blocks))
+        return "\n".join([f"{self.term}, {self.group.kind} blocks ({blocks}): {self.level}"] +
+                         [f"{indent}{line}" for line in self.lines])
+
+
+def rope_range(rope, hw) -> RopeRange:
+    """The ``RopeRange`` of ``rope`` (``winpos.posemb.rope.RoPE``) on an ``hw`` token grid (both sides >= 2)."""
+    H, W = hw
+    if H < 2 or W < 2:
+        raise WinposError(f"a {H}x{W} grid has no neighbouring tokens on both axes; the RoPE reading needs >= 2x2")
+    ang = rope.grid_angles((H, W)).double()
+    ang = ang[None] if ang.dim() == 2 else ang  # (heads, N, S)
+    pos = rope.grid_positions((H, W)).double()  # (N, 2)
+    step = torch.maximum((ang[:, W] - ang[:, 0]).abs(), (ang[:, 1] - ang[:, 0]).abs())
+    return RopeRange((H, W), (ang.amax(1) - ang.amin(1)).numpy(), step.numpy(), pos.amin(0).numpy(),
+                     pos.amax(0).numpy(), np.array([float(pos[W, 0] - pos[0, 0]), float(pos[1, 1] - pos[0, 1])]))
+
+
+def _fmt(v: float) -> str:
+    return f"{v:.0f}" if abs(v - round(v)) < 1e-6 else f"{v:.3g}"
+
+
+def _positions(r: RopeRange) -> str:
+    ys, xs = (f"{_fmt(lo)}..{_fmt(hi)}" for lo, hi in zip(r.pos_lo, r.pos_hi))
+    step = _fmt(r.pos_step[0]) if abs(r.pos_step[0] - r.pos_step[1]) < 1e-9 else "/".join(map(_fmt, r.pos_step))
+    return f"{ys} x {xs} (step {step})" if ys != xs else f"{ys} per axis (step {step})"
+
+
+def rope_report(rope, group: BlockGroup, reference_note: str) -> TermReport:
+    """Compare ``rope`` on ``group.extent`` with global attention on ``group.trained_extent`` (see module doc)."""
+    new, ref = rope_range(rope, group.extent), rope_range(rope, group.trained_extent)
+    rep = TermReport("RoPE", group)
+    slots = new.span.size
+    coords = getattr(rope, "coords", "integer")
+    where = "window-local positions" if group.kind == "window" else "positions"
+    rep.lines.append(f"{where} {_positions(new)}; trained {_positions(ref)} ({reference_note})")
+    over = new.pos_span - ref.pos_span  # per axis, in position units
+    extrapolates = bool(np.any(over >= ref.pos_step * (1 - TOL)))
+    new_angles = extrapolates & (ref.span < HALF_TURN) & (new.span > ref.span * (1 + TOL))
+    ratio = new.pos_step / ref.pos_step  # < 1: compression, > 1: stretch
+    aliased, aliased_ref = new.step > HALF_TURN * (1 + TOL), ref.step > HALF_TURN * (1 + TOL)
+    k = int(new_angles.sum())
+    of = f"of {slots} rotation slots" + (f" ({new.span.shape[0]} heads x {new.span.shape[1]})"
+                                         if new.span.shape[0] > 1 else "")
+    if extrapolates:
+        far = float(np.max(new.pos_span / ref.pos_span))
+        if k:
+            rep.level = "WARN"
+            growth = float(np.max(new.span[new_angles] / ref.span[new_angles]))
+            rep.lines.append(
+                f"EXTRAPOLATES: offsets reach {'/'.join(map(_fmt, new.pos_span))}, trained "
+                f"{'/'.join(map(_fmt, ref.pos_span))} (x{far:.3g}); {k} {of} turned less than half a turn over the "
+                f"trained offsets and now rotate up to x{growth:.3g} further, into angles never seen in training")
+            rep.lines.append("-> finetune at this size, or rescale positions into the trained grid (coords='normalized' "
+                             "with ref_hw, EVA-02's convention: compression instead of extrapolation)")
+        else:
+            rep.lines.append(f"offsets reach x{far:.3g} the trained ones, but every slot turned at least half a turn "
+                             "over them: no rotation angle is new")
+    elif np.any(np.abs(ratio - 1) > 1e-3):
+        rep.level = "WARN"
+        if np.all(ratio <= 1 + 1e-3):
+            rep.lines.append(f"COMPRESSED: positions are rescaled into the trained range ({coords} coordinates), "
+                             f"so neighbouring tokens are x{float(np.max(1 / ratio)):.3g} closer than in training: no "
+                             "rotation beyond the trained range, but offsets between trained ones never seen")
+            rep.lines.append("-> the rescaling convention's known cost (EVA-02, DINOv3 at detection sizes); finetuning "
+                             "at this size adapts the model to the finer steps")
+        else:
+            rep.lines.append(f"STRETCHED: positions are rescaled ({coords} coordinates) so neighbouring tokens are "
+                             f"x{float(np.max(ratio)):.3g} farther apart than in training; offsets stay within the "
+                             "trained range")
+    else:
+        rep.lines.append("within the trained range at the trained step: no rotation the model has not seen")
+    top = float(new.step.max())
+    if aliased.any():
+        fresh = aliased & ~aliased_ref
+        if fresh.any():
+            rep.level = "WARN"
+        rep.lines.append(f"{'ALIASING' if fresh.any() else 'aliasing (as in training)'}: {int(aliased.sum())} {of} "
+                         f"turn more than pi per token (up to {top:.3g} rad), so one step reads as a smaller turn "
+                         "the other way")
+    else:
+        rep.lines.append(f"no aliasing: the fastest slot turns {top:.3g} rad per token (< pi)")
+    if group.kind == "window" and coords == "integer":
+        rep.lines.append("window-local and image coordinates give the same attention here (integer RoPE depends "
+                         "only on offsets)")
+    rep.data = {"new": new, "ref": ref, "new_angles": new_angles, "aliased": aliased, "extrapolates": extrapolates,
+                "step_ratio": ratio, "coords": coords}
+    return rep
+
+
+def relpos_report(attn, group: BlockGroup) -> TermReport:
+    """How ``attn``'s stored relpos tables are resampled for ``group.extent`` (key grid; queries pooled or not)."""
+    rep = TermReport("relpos", group)
+    stored = (int(attn.rel_pos_h.shape[0]), int(attn.rel_pos_w.shape[0]))
+    used = tuple(2 * e - 1 for e in group.extent)
+    stretch = tuple(u / s for u, s in zip(used, stored))
+    trained = tuple((s - 1) // 2 for s in stored)  # largest trained offset |d|
+    new = tuple(max(0, u - s) for u, s in zip(used, stored))
+    desc = "x".join(map(str, stored)) if stored[0] != stored[1] else str(stored[0])
+    if used == stored:
+        rep.lines.append(f"tables {desc} long used as stored (offsets |d| <= {trained[0]}): nothing resampled")
+    else:
+        rep.level = "WARN"
+        s = max(stretch, key=lambda v: abs(math.log(v)))
+        u = used[0] if used[0] == used[1] else f"{used[0]}x{used[1]}"
+        if s > 1:
+            rep.lines.append(
+                f"tables STRETCHED {desc} -> {u} (x{s:.3g}, linear): offset d reads the bias learned at about "
+                f"d/{s:.3g}; {max(new)} offsets (|d| {max(trained) + 1}..{(max(used) - 1) // 2}) did not exist in "
+                "training")
+        else:
+            rep.lines.append(f"tables SQUEEZED {desc} -> {u} (x{s:.3g}, linear): offset d reads the bias learned at "
+                             f"about d/{s:.3g}; learned offsets beyond |d| {(max(used) - 1) // 2} are dropped")
+    rep.data = {"stored": stored, "used": used, "stretch": stretch}
+    return rep
+
+
+def trained_image_px(net) -> tuple[int, str]:
+    """The image size (px) the block terms are compared against by default, and where it comes from."""
+    stride = getattr(net, "patch_size", None) or net.strides[0]
+    pre = getattr(net, "pretrain_hw", None)
+    if pre is not None:
+        return int(max(pre)) * stride, "pretrain_img_size"
+    pe = getattr(net, "pos_embed", None)
+    if getattr(pe, "pretrain_hw", None) is not None:
+        return int(max(pe.pretrain_hw)) * stride, "the absolute embedding's grid"
+    return 224, "assumed: the model does not record its pretraining size"
+
+
+def block_groups(net, image_size: int, trained_px: int) -> list[BlockGroup]:
+    """The blocks with a RoPE or relpos term, grouped by (term, kind, extent), at ``image_size`` px; the trained
+    extent of every group is the whole grid at ``trained_px`` (global attention, as RoPE and MAE pretraining)."""
+    stride = getattr(net, "patch_size", None) or net.strides[0]
+    grid = (-(-image_size // stride),) * 2
+    ref = (-(-trained_px // stride),) * 2
+    groups: dict = {}
+    for i, blk in enumerate(net.blocks):
+        attn = blk.attn
+        term = attn.position.kind
+        if term in ("rope", "relpos"):
+            ws = attn.window_size
+            kind = "window" if ws else "global"
+            extent = (ws, ws) if ws else grid
+            trained = ref if term == "rope" else extent
+            groups.setdefault((term, kind, extent, trained), []).append(i)
+        if attn.q_stride > 1:  # a pooling block hands a halved grid to the next one
+            grid = tuple(-(-g // attn.q_stride) for g in grid)
+            ref = tuple(-(-g // attn.q_stride) for g in ref)
+    return [BlockGroup(kind, term, blocks, extent, trained)
+            for (term, kind, extent, trained), blocks in groups.items()]
+
+
+def _rope_module(attn):
+    """The block's RoPE with real values: the module itself, or (built on the meta device) one rebuilt on the CPU
+    with the same options (fixed frequencies exact; learned frequencies at their seeded initialization)."""
+    from winpos.posemb.rope import RoPE
+
+    source = attn.rope.inv_freq if attn.rope.kind == "axial" else attn.rope.freqs
+    if not source.is_meta:
+        return attn.rope, True
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        with torch.device("cpu"):
+            return RoPE(attn.head_dim, attn.num_heads, **attn.position.rope), attn.rope.kind == "axial"
+
+
+def position_terms(net, image_size: int, trained_px: int | None = None) -> list[TermReport]:
+    """One ``TermReport`` per (term, block kind) of ``net`` (ViTDet or HieraDet) at a square ``image_size``;
+    ``trained_px``: the image size the RoPE was trained at (default ``trained_image_px(net)``)."""
+    if trained_px is None:
+        trained_px, source = trained_image_px(net)
+    else:
+        source = "given"
+    out = []
+    for group in block_groups(net, image_size, trained_px):
+        attn = net.blocks[group.blocks[0]].attn
+        if group.term == "relpos":
+            out.append(relpos_report(attn, group))
+            continue
+        if any(min(e) < 2 for e in (group.extent, group.trained_extent)):
+            continue  # a 1-token extent has no offsets to read
+        g = group.trained_extent
+        note = f"global attention on {g[0]}x{g[1]} tokens at {trained_px} px, {source}"
+        modules = [_rope_module(net.blocks[i].attn) for i in group.blocks]
+        if all(exact for _, exact in modules) and attn.rope.kind == "mixed":  # learned per block: the worst one
+            reps = [rope_report(rope, group, note) for rope, _ in modules]
+            worst = max(range(len(reps)), key=lambda j: (int(reps[j].data["new_angles"].sum()),
+                                                          float(reps[j].data["new"].step.max())))
+            rep = reps[worst]
+            rep.lines.append(f"learned frequencies differ by block: the numbers are block {group.blocks[worst]}'s, "
+                             "the one with the most new rotations")
+        else:
+            rep = rope_report(modules[0][0], group, note)
+            if not modules[0][1]:
+                rep.lines.append("learned frequencies read at their initialization (no checkpoint given)")
+        out.append(rep)
+    return out
