@@ -84,8 +84,8 @@ def fix_text(preset: str | None = None, config: str | None = None, recipe_key: s
             use = (f"keep the block terms and tile the embedding: add the override {key}=abswin, e.g. winpos-train "
                    f"--config-file {config} {key}=abswin")
         else:
-            use = (f"keep the block terms and tile the embedding: winpos-posemb doctor {to} --recipe "
-                   f"{recipe or 'RECIPE'} pos_embed=abswin")
+            use = (f"keep the block terms and tile the embedding: winpos-posemb doctor {to} pos_embed=abswin "
+                   f"--recipe {recipe or 'RECIPE'}")
         return f"{use}\n       and convert its checkpoint on import: {convert}"
     convert = f"winpos-convert --input CKPT --output OUT.safetensors --to {to} --recipe paper"
     if config and recipe_key:

@@ -1,0 +1,160 @@
+"""The doctor's block-term verdicts (winpos.diagnostics.terms) on models whose answer is computed here
+independently: axial RoPE frequencies written out from their definition, relpos table lengths from the grid."""
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from winpos.backbones import create
+from winpos.d2.doctor import diagnose
+from winpos.diagnostics.terms import position_terms
+from winpos.posemb.rope import RoPE
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _terms(report):
+    return {(t.term, t.group.kind): t for t in report.terms}
+
+
+def _unseen_slots(base, rot_dims, trained_offset, new_offset):
+    """Independent count: axial slots w_i = base^(-i/n), i < n = R/4, one per axis; a slot meets new rotations when
+    its trained rotations +-w*D stayed inside half a turn and the offsets grow."""
+    n = rot_dims // 4
+    per_axis = sum(1 for i in range(n) if base ** (-i / n) * trained_offset < math.pi)
+    return 2 * per_axis if new_offset > trained_offset else 0
+
+
+@pytest.mark.parametrize("kind,coords", [("axial", "integer"), ("mixed", "normalized")])
+def test_grid_angles_are_the_tables_angles(kind, coords):
+    ref = (16, 16) if coords == "normalized" else None
+    rope = RoPE(64, 4, kind=kind, shared_heads=kind == "axial", coords=coords, ref_hw=ref)
+    t = rope.tables((5, 7), (5, 7))
+    ang = rope.grid_angles((5, 7))
+    assert torch.equal(ang.cos(), t.cos_k) and torch.equal(ang.sin(), t.sin_k)
+    pos = rope.grid_positions((5, 7))
+    scale = 16 / 7 if ref else 1.0
+    assert pos.shape == (35, 2) and torch.allclose(pos[6], torch.tensor([0.0, 6 * scale]))
+
+
+def test_rope_at_its_pretraining_size_is_ok():
+    r = diagnose("vitdet_b", 224, recipe="rope")
+    terms = _terms(r)
+    assert set(terms) == {("RoPE", "window"), ("RoPE", "global")}
+    assert all(t.level == "OK" for t in r.terms) and r.text().startswith("[OK]"), r.text()
+
+
+@pytest.mark.parametrize("size", [448, 1024])
+def test_integer_rope_extrapolates_in_the_slots_counted_independently(size):
+    r = diagnose("vitdet_b", size, recipe="rope")  # axial, base 100, R = 32 of head_dim 64, integer positions
+    glob, win = _terms(r)[("RoPE", "global")], _terms(r)[("RoPE", "window")]
+    grid = size // 16
+    expected = _unseen_slots(100.0, 32, 13, grid - 1)
+    assert expected == 10  # i = 3..7 per axis: 100^(-3/8) * 13 = 2.28 < pi, 100^(-2/8) * 13 = 4.11 > pi
+    assert glob.level == "WARN" and int(glob.data["new_angles"].sum()) == expected
+    assert f"EXTRAPOLATES: offsets reach {grid - 1}/{grid - 1}, trained 13/13" in glob.text()
+    assert f"{expected} of 16 rotation slots" in glob.text()
+    # the angle range of slot i is w_i * (grid - 1), written out from the definition
+    w = [100.0 ** (-i / 8) for i in range(8)]
+    assert glob.data["new"].span[0, :8] == pytest.approx([wi * (grid - 1) for wi in w], rel=1e-5)
+    assert glob.data["ref"].span[0, :8] == pytest.approx([wi * 13 for wi in w], rel=1e-5)
+    # window blocks see window-local positions 0..13 at every size: nothing new
+    assert win.level == "OK" and int(win.data["new_angles"].sum()) == 0 and "0..13" in win.text()
+    assert r.ok and r.text().startswith("[WARN]")  # a warning, not the bug: exit status stays 0
+
+
+def test_trained_size_moves_the_reference():
+    assert all(t.level == "OK" for t in diagnose("vitdet_b", 1024, recipe="rope", trained_size=1024).terms)
+
+
+def test_rescaled_positions_compress_and_never_extrapolate():
+    """EVA-02's convention: positions t = i * 16 / n. Global blocks at 1024 px (64 tokens): step 16/64 (x4 closer),
+    the largest offset 16 * 63/64 = 15.75 (within one trained step of 15); window blocks (14 tokens): step 16/14."""
+    net_args = dict(pretrain_img_size=256,
+                    window_pos={"kind": "rope", "rope": {"coords": "normalized", "ref_hw": (16, 16)}},
+                    global_pos={"kind": "rope", "rope": {"coords": "normalized", "ref_hw": (16, 16)}})
+    with torch.device("meta"):
+        net = create("vitdet_b", recipe="rope", **net_args)
+    terms = {t.group.kind: t for t in position_terms(net, 1024)}
+    glob, win = terms["global"], terms["window"]
+    assert not glob.data["extrapolates"] and int(glob.data["new_angles"].sum()) == 0
+    assert glob.data["step_ratio"] == pytest.approx([16 / 64, 16 / 64]) and "COMPRESSED" in glob.text()
+    assert "x4 closer" in glob.text() and glob.data["new"].pos_span == pytest.approx([15.75, 15.75])
+    assert win.data["step_ratio"] == pytest.approx([16 / 14, 16 / 14]) and "STRETCHED" in win.text()
+    assert "window-local and image coordinates give the same" not in win.text()  # not true for rescaled positions
+
+
+def test_rescaled_positions_alias_on_a_small_grid():
+    """At 64 px (4x4 tokens) rescaled into a 16-token grid the step is 4 positions: slot i turns 4 * 100^(-i/8)
+    rad per token, above pi only for i = 0 (4.0; i = 1: 2.25), once per axis."""
+    with torch.device("meta"):
+        net = create("vitdet_b", recipe="rope", pretrain_img_size=256, window_size=0, pos_embed="none",
+                     global_pos={"kind": "rope", "rope": {"coords": "normalized", "ref_hw": (16, 16)}})
+    (glob,) = position_terms(net, 64)
+    expected = 2 * sum(1 for i in range(8) if 4 * 100.0 ** (-i / 8) > math.pi)
+    assert expected == 2 and int(glob.data["aliased"].sum()) == expected
+    assert glob.level == "WARN" and "ALIASING: 2 of 16 rotation slots" in glob.text()
+
+
+def test_learned_frequencies_are_read_per_block_from_a_real_model():
+    """Mixed RoPE with learned frequencies: the worst block is reported; one block's frequencies raised above pi
+    per token make it alias, and the doctor names that block."""
+    torch.manual_seed(0)
+    mixed = {"kind": "rope", "rope": {"kind": "mixed", "shared_heads": False}}
+    net = create("vitdet_toy", recipe="rope", window_pos=mixed, global_pos=mixed, img_size=224)
+    with torch.no_grad():
+        net.blocks[3].attn.rope.freqs.mul_(8.0)  # a global block (global_blocks 1, 3)
+    terms = {t.group.kind: t for t in position_terms(net, 224)}
+    glob = terms["global"]
+    fastest = float(net.blocks[3].attn.rope.freqs.detach().abs().max())
+    assert fastest > math.pi and "block 3's" in glob.text() and glob.data["aliased"].any()
+    assert "initialization" not in glob.text()
+
+
+def test_relpos_tables_stretch_by_the_grid_ratio():
+    r = diagnose("vitdet_b", 2048)  # recipe original: relpos everywhere, global tables stored for 64 tokens
+    glob, win = _terms(r)[("relpos", "global")], _terms(r)[("relpos", "window")]
+    assert glob.data["stored"] == (127, 127) and glob.data["used"] == (2 * 128 - 1,) * 2
+    assert glob.data["stretch"][0] == pytest.approx(255 / 127)
+    assert "127 -> 255 (x2.01" in glob.text() and "128 offsets (|d| 64..127)" in glob.text()
+    assert win.level == "OK" and win.data["stretch"] == (1.0, 1.0)
+    assert all(t.level == "OK" for t in diagnose("vitdet_b", 1024).terms)  # at its own size
+
+
+def test_hiera_global_blocks_use_the_stage_grid():
+    r = diagnose("hieradet_b", 1024, recipe="rope")
+    glob = [t for t in r.terms if t.group.kind == "global"]
+    assert len(glob) == 1 and glob[0].group.blocks == [12, 16, 20] and glob[0].group.extent == (64, 64)
+
+
+def test_abs_embedding_with_rope_under_windows_is_the_bug_and_the_fix_keeps_rope():
+    """EVA-02's detection backbone: an absolute embedding interpolated naively under windows, RoPE in the blocks.
+    The fix tiles the embedding (pos_embed=abswin) and keeps recipe rope; pasted, the bug is gone."""
+    r = diagnose("vitdet_b", 1024, recipe="rope", overrides=["pos_embed=abs"])
+    assert not r.ok and r.text().startswith("[BUG]") and r.affected_blocks == [0, 1, 3, 4, 6, 7, 9, 10]
+    assert "--to vitdet_b --recipe rope --pos-embed abswin" in r.fix
+    pasted = re.search(r"winpos-posemb doctor vitdet_b (pos_embed=\S+) --recipe (\S+)", r.fix)
+    fixed = diagnose("vitdet_b", 1024, recipe=pasted.group(2), overrides=["pos_embed=abs", pasted.group(1)])
+    assert fixed.ok and any(t.term == "RoPE" for t in fixed.terms)
+
+
+def test_cli_exit_codes_and_plots(tmp_path):
+    def run(*args):
+        return subprocess.run([sys.executable, str(ROOT / "tools/posemb_viz.py"), "doctor", *args],
+                              capture_output=True, text=True)
+
+    warn = run("vitdet_b", "--recipe", "rope", "--image-size", "1024", "--plots", str(tmp_path / "p"))
+    assert warn.returncode == 0 and warn.stdout.startswith("[WARN]"), warn.stdout + warn.stderr
+    assert "RoPE, global blocks (2, 5, 8, 11): WARN" in warn.stdout
+    png = tmp_path / "p" / "vitdet_b_1024px_rope.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = run("vitdet_b", "--recipe", "rope", "--plots", str(tmp_path / "p"))
+    assert again.returncode == 2 and "--force" in again.stderr  # figures of an earlier run are not replaced silently
+    bug = run("vitdet_b", "pos_embed=abs", "--recipe", "rope", "--image-size", "1024")
+    assert bug.returncode == 1 and bug.stdout.startswith("[BUG]")
+    bad = run("vitdet_b", "--rope-trained-size", "0")
+    assert bad.returncode == 2 and "--rope-trained-size" in bad.stderr
