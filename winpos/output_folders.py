@@ -18,6 +18,7 @@ tool writes:
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable
 
@@ -26,7 +27,8 @@ from winpos.outputs import (LOCK_NAME, MANIFEST_NAME, _claimed, _fsync_dir, _rec
                             link_refusal, refuse_linked_folders)
 
 __all__ = ["lock_folder", "OutputFolder", "claim_output_dir", "adopt_output_dir", "finish_output_dir",
-           "release_output_dir", "publish_folder", "clear_outputs", "refuse_links"]
+           "release_output_dir", "publish_folder", "clear_outputs", "refuse_links", "staged_outputs",
+           "STAGING_PREFIX"]
 
 
 def _holder_note() -> str:
@@ -94,8 +96,9 @@ class OutputFolder:
 
     def record(self, path) -> None:
         rel = os.path.relpath(os.path.abspath(path), os.path.abspath(self.path))
-        if rel == MANIFEST_NAME or rel.startswith(".."):
-            return
+        if rel == MANIFEST_NAME or rel.startswith("..") or any(part.startswith(STAGING_PREFIX)
+                                                                for part in Path(rel).parts):
+            return  # a staging folder's files are listed when published (``publish_folder``)
         if rel not in self.fresh:
             self.fresh.append(rel)
         if rel not in self.files:
@@ -224,6 +227,34 @@ def release_output_dir(path) -> None:
     claim = _claimed.get(str(Path(path).resolve()))
     if claim is not None:
         claim.release()
+
+
+STAGING_PREFIX = ".staging-"  # the folders ``staged_outputs`` writes in before it publishes
+
+
+@contextmanager
+def staged_outputs(path, planned: Iterable[str] = (), force: bool = False, flag: str = "--output",
+                   input_files: Iterable = ()):
+    """Outputs that are complete or absent: ``claim_output_dir(path, ...)``, then yield ``(claim, staging)``, a
+    folder inside ``path`` where the tool writes every output. When the block ends without an error its files are
+    moved into ``path`` (``publish_folder``: each one ``os.replace``, nothing left to fail on a full disk) and the
+    earlier outputs they did not replace are removed (``claim.finish``; add names to ``claim.stale`` for more).
+    On any error, Ctrl-C included, the staging folder is removed and the earlier outputs stay as they were. The
+    claim is released at the end (unless this process held it before)."""
+    import shutil
+    import tempfile
+
+    held = str(Path(path).resolve()) in _claimed
+    claim = claim_output_dir(path, planned, force=force, flag=flag, input_files=input_files)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=claim.path))
+    try:
+        yield claim, staging
+        publish_folder(staging, claim.path)
+        claim.finish()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not held:
+            claim.release()
 
 
 def publish_folder(staging, dest) -> list[str]:

@@ -15,7 +15,9 @@ frame. A camera runs until --max-frames or Ctrl-C.
 
 Weights are required (--checkpoint, or the config's train.init_checkpoint); --random-weights runs the untrained
 model on purpose. --output must be a folder of its own (not one holding the inputs); drawings already there are
-replaced only with --force. Each input gets its own drawing name (x.png, x-2.png for a second x). An unreadable
+replaced only with --force. The outputs are complete or absent: a run stopped half way (Ctrl-C, a full disk, a file
+size limit) leaves the earlier video or drawings and predictions.json as they were, and --force on images removes
+the earlier drawings the new predictions.json does not list. Each input gets its own drawing name (x.png, x-2.png for a second x). An unreadable
 image is skipped and listed with its error in predictions.json; the exit status is then 1. Exit status 2 for bad
 input. The logic is in winpos.d2.predict.
 """

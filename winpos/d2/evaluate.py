@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_num_classes
 from winpos.errors import WinposError
-from winpos.output_folders import claim_output_dir, publish_folder, refuse_links
+from winpos.output_folders import STAGING_PREFIX, claim_output_dir, publish_folder, refuse_links
 from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, refuse_linked_folders
 
 __all__ = ["build_coco_evaluator", "StagedCOCOEvaluator", "set_test_size",
@@ -60,7 +60,7 @@ class StagedCOCOEvaluator(COCOEvaluator):
             return super().evaluate(img_ids)
         refuse_linked_folders(os.path.join(final, "coco_instances_results.json"))  # a linked size_96/: refused
         os.makedirs(final, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".staging-", dir=final)
+        staging = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=final)
         self._output_dir = staging
         try:
             results = super().evaluate(img_ids)

@@ -5,9 +5,12 @@ with detectron2's ``Visualizer`` (``draw_with_visualizer``, ``drawer="detectron2
 
 Outputs follow winpos's output policy (``winpos.outputs``): ``plan_outputs`` checks the output folder before any
 work (not the folder of an input image, no existing output file unless ``force``, writable) and gives every input
-its own drawing name (``a/x.png`` and ``b/x.png`` get ``x.png`` and ``x-2.png``); every file is written
-atomically. An image that cannot be read is skipped, counted and recorded with its error in
-``predictions.json``; the other images are still predicted."""
+its own drawing name (``a/x.png`` and ``b/x.png`` get ``x.png`` and ``x-2.png``). The outputs are complete or
+absent (``winpos.output_folders.staged_outputs``): the drawings and ``predictions.json`` are written into a staging
+folder and moved into place when every image is done, so a run stopped half way (Ctrl-C, a full disk) leaves the
+earlier outputs as they were; with ``force`` the earlier drawings the new ``predictions.json`` does not list are
+removed. An image that cannot be read is skipped, counted and recorded with its error in ``predictions.json``; the
+other images are still predicted."""
 from __future__ import annotations
 
 import json
@@ -24,6 +27,7 @@ from PIL import Image, ImageDraw
 from winpos.d2.own_data import config_class_names, config_datasets
 from winpos.data.images import read_image  # 16-bit, palette, alpha with their real range (not detectron2's)
 from winpos.errors import MissingInputError, WinposError
+from winpos.output_folders import staged_outputs
 from winpos.outputs import atomic_write, check_output_dir
 
 __all__ = ["IMAGE_EXTS", "DRAWERS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
@@ -187,14 +191,12 @@ def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, fo
     plan = plan_outputs(inputs, output_dir, force=force)
     predictor = Predictor(cfg, model)
     names = class_names(cfg)
-    os.makedirs(output_dir, exist_ok=True)
     records = []
-    if progress:
-        from tqdm import tqdm
-
-        plan = tqdm(plan, desc="predict", unit="image")
-    try:
-        for path, out in plan:
+    planned = [out.name for _, out in plan] + ["predictions.json"]
+    with staged_outputs(output_dir, planned, force=force, input_files=[p for p, _ in plan]) as (claim, staging):
+        if force:  # an earlier run's drawings that this one does not make again go with its predictions.json
+            claim.stale |= earlier_drawings(output_dir) - set(planned)
+        for path, out in tqdm_if(progress, plan, desc="predict", unit="image"):
             try:
                 rgb = read_image(str(path), format="RGB")
                 image = rgb if predictor.image_format == "RGB" else read_image(str(path),
@@ -206,14 +208,36 @@ def predict_images(cfg, model, inputs, output_dir, score_thresh: float = 0.5, fo
             instances = predictor(image)
             instances = instances[instances.scores >= score_thresh]
             drawing = draw(rgb, instances, names, drawer)
-            atomic_write(out, lambda f: drawing.save(f, format="PNG"), "wb")
+            atomic_write(staging / out.name, lambda f: drawing.save(f, format="PNG"), "wb")
             records.append({"file": str(path), "drawing": str(out), **instances_record(instances, names)})
-    finally:  # the records so far are kept even if a later image stops the run
-        atomic_write(Path(output_dir) / "predictions.json", lambda f: json.dump(records, f, indent=1), "w")
+        atomic_write(staging / "predictions.json", lambda f: json.dump(records, f, indent=1), "w")
     skipped = sum("error" in r for r in records)
     logger.info(f"wrote {len(records) - skipped} drawings to {output_dir}" + (f"; skipped {skipped} unreadable "
                                                                                 f"images" if skipped else ""))
     return records
+
+
+def tqdm_if(progress: bool, items, **kw):
+    """``items`` under a tqdm bar when ``progress``."""
+    if not progress:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, **kw)
+
+
+def earlier_drawings(output_dir) -> set[str]:
+    """The drawing names (in ``output_dir``) that its ``predictions.json`` lists; empty when there is none or it is
+    not a list of winpos records."""
+    path = Path(output_dir) / "predictions.json"
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(records, list):
+        return set()
+    names = {Path(r["drawing"]).name for r in records if isinstance(r, dict) and isinstance(r.get("drawing"), str)}
+    return {n for n in names if n.lower().endswith(".png")}
 
 
 if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing
