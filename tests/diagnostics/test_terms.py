@@ -12,7 +12,7 @@ import torch
 from winpos.backbones import create
 from winpos.d2.doctor import diagnose
 from winpos.diagnostics.terms import position_terms
-from winpos.posemb.rope import RoPE
+from winpos.posemb.rope import COORDS, KINDS, RoPE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,16 +29,19 @@ def _unseen_slots(base, rot_dims, trained_offset, new_offset):
     return 2 * per_axis if new_offset > trained_offset else 0
 
 
-@pytest.mark.parametrize("kind,coords", [("axial", "integer"), ("mixed", "normalized")])
+@pytest.mark.parametrize("kind,coords", [(k, c) for k in KINDS for c in COORDS if (k, c) != ("mixed", "centered")])
 def test_grid_angles_are_the_tables_angles(kind, coords):
+    """The doctor reads ``grid_angles``; for every coordinate convention they must be the angles the tables hold
+    (a new convention that computes its tables elsewhere fails here)."""
     ref = (16, 16) if coords == "normalized" else None
     rope = RoPE(64, 4, kind=kind, shared_heads=kind == "axial", coords=coords, ref_hw=ref)
     t = rope.tables((5, 7), (5, 7))
     ang = rope.grid_angles((5, 7))
     assert torch.equal(ang.cos(), t.cos_k) and torch.equal(ang.sin(), t.sin_k)
     pos = rope.grid_positions((5, 7))
-    scale = 16 / 7 if ref else 1.0
-    assert pos.shape == (35, 2) and torch.allclose(pos[6], torch.tensor([0.0, 6 * scale]))
+    assert pos.shape == (35, 2)
+    if coords == "integer":
+        assert torch.equal(pos[6], torch.tensor([0.0, 6.0]))
 
 
 def test_rope_at_its_pretraining_size_is_ok():
@@ -158,3 +161,18 @@ def test_cli_exit_codes_and_plots(tmp_path):
     assert bug.returncode == 1 and bug.stdout.startswith("[BUG]")
     bad = run("vitdet_b", "--rope-trained-size", "0")
     assert bad.returncode == 2 and "--rope-trained-size" in bad.stderr
+
+
+def test_centered_coordinates_compress_in_global_blocks_only():
+    """DINOv3's convention: c = 2 (t + 0.5) / n - 1 over the attention extent, step 2 / n. Global blocks at 1024 px
+    step 2/64 against 2/14 trained (x64/14 closer); 14-token windows step 2/14 as trained, while image coordinates
+    would step 2/64: here window-local coordinates are what keeps window blocks at the trained step."""
+    centered = {"kind": "rope", "rope": {"coords": "centered"}}
+    with torch.device("meta"):
+        net = create("vitdet_b", recipe="rope", window_pos=centered, global_pos=centered)
+    terms = {t.group.kind: t for t in position_terms(net, 1024)}
+    glob, win = terms["global"], terms["window"]
+    assert glob.data["new"].pos_step == pytest.approx([2 / 64] * 2) and glob.data["ref"].pos_step == pytest.approx(
+        [2 / 14] * 2)
+    assert glob.level == "WARN" and not glob.data["extrapolates"] and "x4.57 closer" in glob.text()
+    assert win.level == "OK" and "image coordinates over the 64x64 grid would step 0.0312" in win.text()

@@ -50,6 +50,7 @@ class BlockGroup:
     blocks: list
     extent: tuple  # key grid the term covers at the new size: the window, or the block's whole input grid
     trained_extent: tuple  # ... at the trained size (global attention over the trained grid)
+    grid: tuple = ()  # the block's whole input grid at the new size (window blocks: what image coordinates span)
 
 
 @dataclass
@@ -171,6 +172,12 @@ def rope_report(rope, group: BlockGroup, reference_note: str) -> TermReport:
     if group.kind == "window" and coords == "integer":
         rep.lines.append("window-local and image coordinates give the same attention here (integer RoPE depends "
                          "only on offsets)")
+    elif group.kind == "window" and min(group.grid or (0,)) >= 2 and tuple(group.grid) != tuple(group.extent):
+        image_step = rope_range(rope, group.grid).pos_step
+        rep.lines.append(f"window-local coordinates matter here ({coords}): image coordinates over the "
+                         f"{group.grid[0]}x{group.grid[1]} grid would step {_fmt(float(image_step.max()))} "
+                         f"(x{float(np.max(ref.pos_step / image_step)):.3g} closer than trained), window-local "
+                         f"{_fmt(float(new.pos_step.max()))}")
     rep.data = {"new": new, "ref": ref, "new_angles": new_angles, "aliased": aliased, "extrapolates": extrapolates,
                 "step_ratio": ratio, "coords": coords}
     return rep
@@ -230,12 +237,12 @@ def block_groups(net, image_size: int, trained_px: int) -> list[BlockGroup]:
             kind = "window" if ws else "global"
             extent = (ws, ws) if ws else grid
             trained = ref if term == "rope" else extent
-            groups.setdefault((term, kind, extent, trained), []).append(i)
+            groups.setdefault((term, kind, extent, trained, grid), []).append(i)
         if attn.q_stride > 1:  # a pooling block hands a halved grid to the next one
             grid = tuple(-(-g // attn.q_stride) for g in grid)
             ref = tuple(-(-g // attn.q_stride) for g in ref)
-    return [BlockGroup(kind, term, blocks, extent, trained)
-            for (term, kind, extent, trained), blocks in groups.items()]
+    return [BlockGroup(kind, term, blocks, extent, trained, grid)
+            for (term, kind, extent, trained, grid), blocks in groups.items()]
 
 
 def _rope_module(attn):
