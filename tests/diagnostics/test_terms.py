@@ -157,8 +157,12 @@ def test_cli_exit_codes_and_plots(tmp_path):
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = run("vitdet_b", "--recipe", "rope", "--plots", str(tmp_path / "p"))
     assert again.returncode == 2 and "--force" in again.stderr  # figures of an earlier run are not replaced silently
-    bug = run("vitdet_b", "pos_embed=abs", "--recipe", "rope", "--image-size", "1024")
+    bug = run("vitdet_b", "pos_embed=abs", "--recipe", "rope", "--image-size", "1024", "--plots", str(tmp_path / "b"))
     assert bug.returncode == 1 and bug.stdout.startswith("[BUG]")
+    assert sorted(p.name for p in (tmp_path / "b").glob("*.png")) == ["vitdet_b_1024px_abs_windows.png",
+                                                                      "vitdet_b_1024px_rope.png"]
+    relpos = run("vitdet_b", "--image-size", "2048", "--plots", str(tmp_path / "r"))
+    assert (tmp_path / "r" / "vitdet_b_2048px_relpos.png").is_file() and relpos.returncode == 1
     bad = run("vitdet_b", "--rope-trained-size", "0")
     assert bad.returncode == 2 and "--rope-trained-size" in bad.stderr
 

@@ -89,11 +89,12 @@ def run(argv=None):
             continue
         print(report.text(), flush=True)
         bug += not report.ok
-        if args.plots and report.terms:
+        if args.plots:
             from winpos.diagnostics.term_plots import plot_terms
 
             stem = f"{Path(target).stem}_{report.image_size}px"
-            for path in plot_terms(report.terms, args.plots, stem, title=f"{report.target} at {report.image_size} px"):
+            for path in plot_terms(report.terms, args.plots, stem, title=f"{report.target} at {report.image_size} px",
+                                   doctor=report):
                 print(f"  wrote {path}")
     return EXIT_USAGE if errors else (1 if bug else 0)
 

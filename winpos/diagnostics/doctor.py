@@ -39,6 +39,7 @@ class DoctorReport:
     lines: list = field(default_factory=list)
     fix: str = ""
     terms: list = field(default_factory=list)  # winpos.diagnostics.terms.TermReport per (term, block kind)
+    window_sizes: list = field(default_factory=list)  # of the affected window blocks (the bug's figure draws them)
 
     @property
     def warn(self) -> bool:
@@ -144,7 +145,7 @@ def _embedding_report(net, image_size: int, name: str, fix: str | None) -> Docto
         return report
     report.ok = False
     report.affected_blocks = [i for i, _ in windows]
-    sizes = sorted({w for _, w in windows})
+    sizes = report.window_sizes = sorted({w for _, w in windows})
     report.lines.append(
         f"{len(windows)} window blocks ({', '.join(str(i) for i, _ in windows)}) attend in "
         f"{'/'.join(str(s) for s in sizes)}-token windows, but the embedding's pattern is stretched by x{scale:.3g}: "

@@ -6,6 +6,8 @@ without pyplot (importing this module never changes the user's backend).
   step per token with the pi line above which a slot aliases.
 * ``plot_relpos``: per block kind, which learned offset each token offset reads after the table is resampled
   (the identity where nothing changes), offsets that did not exist in training shaded.
+* ``plot_abs_windows``: the doctor's [BUG]: which pretrained embedding row each token reads, naively interpolated
+  (every window a different piece) beside abs-win (every window the same), the attention windows drawn.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from matplotlib.figure import Figure
 
 from winpos.diagnostics.plots import _save
 
-__all__ = ["plot_rope", "plot_relpos", "plot_terms"]
+__all__ = ["plot_abs_windows", "plot_rope", "plot_relpos", "plot_terms"]
 
 NEW_COLOR, REF_COLOR, SHADE = "tab:red", "tab:blue", "#f4c7c3"
 
@@ -105,10 +107,46 @@ def plot_relpos(reports, path, title: str = "", pdf: bool = False) -> list[Path]
     return _save(fig, path, pdf)
 
 
-def plot_terms(reports, out_dir, stem: str, title: str = "", pdf: bool = False) -> list[Path]:
+def _source_colours(sy: np.ndarray, sx: np.ndarray, n: tuple) -> np.ndarray:
+    """RGB per token from the (row, column) of the embedding cell it reads: red grows down, blue grows right."""
+    r, b = np.broadcast_arrays(sy[:, None] / max(n[0] - 1, 1), sx[None, :] / max(n[1] - 1, 1))
+    return np.stack([r, np.full(r.shape, 0.35), b], -1)
+
+
+def plot_abs_windows(grid, pretrain_grid, window: int, path, title: str = "", pdf: bool = False) -> list[Path]:
+    """Left: the token grid coloured by the pretrained embedding cell each token reads after naive resizing
+    (``pretrain_grid`` stretched over ``grid``); right: abs-win, the window embedding tiled (each token reads cell
+    ``(y mod w, x mod w)``). White lines: the ``window``-token attention windows."""
+    from winpos.diagnostics.plots import _draw_windows
+
+    (H, W), (ph, pw) = grid, pretrain_grid
+    naive = _source_colours(np.floor((np.arange(H) + 0.5) * ph / H), np.floor((np.arange(W) + 0.5) * pw / W), (ph, pw))
+    tiled = _source_colours(np.arange(H) % window, np.arange(W) % window, (window, window))
+    fig = Figure(figsize=(10, 5.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, img, label in ((axes[0], naive, f"naive resize {ph}x{pw} -> {H}x{W} (today): every window reads a "
+                                            "different piece"),
+                           (axes[1], tiled, f"abs-win (the fix): every {window}x{window} window reads the same "
+                                            "embedding")):
+        ax.imshow(img, interpolation="nearest")
+        _draw_windows(ax, H, W, window)
+        ax.set_title(label, fontsize=9)
+        ax.set_xlabel("x (tokens)")
+        ax.set_ylabel("y (tokens)")
+    fig.suptitle((title + "\n" if title else "") + "colour = the embedding cell a token reads (nearest; red: row, "
+                 "blue: column); white lines = attention windows", fontsize=10)
+    return _save(fig, path, pdf)
+
+
+def plot_terms(reports, out_dir, stem: str, title: str = "", pdf: bool = False, doctor=None) -> list[Path]:
     """``plot_rope`` and ``plot_relpos`` for the terms present in ``reports``: ``<stem>_rope.png``,
-    ``<stem>_relpos.png`` in ``out_dir``. Returns the written paths."""
+    ``<stem>_relpos.png`` in ``out_dir``, and with a ``doctor`` report that found the bug, ``plot_abs_windows``
+    (``<stem>_abs_windows.png``). Returns the written paths."""
     out = []
+    if doctor is not None and not doctor.ok and doctor.pretrain_grid and doctor.window_sizes:
+        out += plot_abs_windows(doctor.grid, doctor.pretrain_grid, doctor.window_sizes[0],
+                                Path(out_dir) / f"{stem}_abs_windows.png", title=f"absolute embedding: {title}",
+                                pdf=pdf)
     for term, fn in (("RoPE", plot_rope), ("relpos", plot_relpos)):
         mine = [r for r in reports if r.term == term]
         if mine:
