@@ -39,6 +39,10 @@ CASES = {
     "winpos": {"backbone.net.pos_embed.global_embed": torch.zeros(1, C, 7, 7),
                "backbone.net.pos_embed.window_embed": torch.zeros(1, C, 8, 8)},
     "lookhere": {"weights": _vit_trunk(), "config": {"head_directions": "corners-triangles-none"}},
+    "dinov3": _vit_trunk(cls_token=torch.zeros(1, 1, C), storage_tokens=torch.zeros(1, 4, C)),
+    "eva02": _vit_trunk(pos_embed=torch.zeros(1, 257, C), cls_token=torch.zeros(1, 1, C),
+                        **{"blocks.0.attn.q_bias": torch.zeros(C)}),
+    "rope_vit": _vit_trunk(cls_token=torch.zeros(1, 1, C), freqs=torch.zeros(2, 12, C // 2)),
 }
 
 

@@ -16,9 +16,9 @@ from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 from winpos.posemb.relpos import rel_pos_parameters
 from winpos.windows import PAD_MODES, window_partition, window_unpartition
 
-__all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS",
-           "Attention", "BlockPosition", "DropPath", "LayerScale", "Mlp", "WindowedBackbone", "add_attention_branch",
-           "add_mlp_branch", "as_block_position", "check_image", "init_weights", "is_position_param",
+__all__ = ["BLOCK_POS", "LAYER_SCALE_KEYS", "LOOKHERE_45", "MLPS", "POSITION_KEYS", "POS_EMBEDS", "WEIGHT_INITS",
+           "Attention", "BlockOptions", "BlockPosition", "DropPath", "LayerScale", "Mlp", "SwiGLU", "WindowedBackbone", "add_attention_branch",
+           "add_mlp_branch", "as_block_options", "as_block_position", "check_image", "init_weights", "is_position_param",
            "make_token_embedding", "may_keep_init"]
 
 POS_EMBEDS = ("none", "abs", "abswin", "abswin_recursive")
@@ -43,6 +43,48 @@ class BlockPosition:
 
     def __post_init__(self):
         check_choice("block position encoding", self.kind, BLOCK_POS)
+
+
+MLPS = ("gelu", "swiglu")
+
+
+@dataclass
+class BlockOptions:
+    """What a pretrained ViT's blocks have beyond detectron2's (one small set, the same for every block).
+
+    mlp: ``"gelu"`` (``fc1 -> GELU -> fc2``) or ``"swiglu"`` (EVA-02, DINOv3 S+/H+: ``fc1`` holds the gate rows then
+        the value rows, ``silu(gate) * value -> [norm] -> fc2``).
+    mlp_hidden: hidden width; None: ``int(dim * mlp_ratio)``.
+    mlp_norm: a LayerNorm on the SwiGLU hidden features before ``fc2`` (EVA-02 B/L's sub-LN, ``mlp.norm``).
+    k_bias: False holds the key part of ``attn.qkv.bias`` at zero (EVA-02 and DINOv3 train a query and a value bias
+        only); the stored key entries are masked in the forward pass, so they get no gradient either.
+    """
+
+    mlp: str = "gelu"
+    mlp_hidden: int | None = None
+    mlp_norm: bool = False
+    k_bias: bool = True
+
+    def __post_init__(self):
+        check_choice("block mlp", self.mlp, MLPS)
+        if self.mlp_norm and self.mlp != "swiglu":
+            raise WinposError("mlp_norm=True is the SwiGLU sub-LN (EVA-02 B/L); set mlp='swiglu' or drop mlp_norm")
+        if self.mlp_hidden is not None and (not isinstance(self.mlp_hidden, int) or self.mlp_hidden <= 0):
+            raise WinposError(f"mlp_hidden={self.mlp_hidden!r} must be a positive int (or None: dim * mlp_ratio)")
+
+
+def as_block_options(value) -> BlockOptions:
+    if value is None:
+        return BlockOptions()
+    if isinstance(value, BlockOptions):
+        return value
+    if isinstance(value, dict):
+        unknown = sorted(set(value) - set(BlockOptions.__dataclass_fields__))
+        if unknown:
+            raise WinposError(f"unknown block options {unknown}; valid ones are "
+                              f"{sorted(BlockOptions.__dataclass_fields__)}")
+        return BlockOptions(**value)
+    raise WinposError(f"block options must be a dict or a BlockOptions, got {value!r}")
 
 
 def as_block_position(value) -> BlockPosition:
@@ -71,7 +113,7 @@ class Attention(nn.Module):
     """
 
     def __init__(self, dim, dim_out, num_heads, window_size=0, q_stride=1, qkv_bias=True, position="none",
-                 extent=(14, 14), layer_index=0, num_layers=1, pad_mode="zeros"):
+                 extent=(14, 14), layer_index=0, num_layers=1, pad_mode="zeros", k_bias=True):
         super().__init__()
         if dim_out % num_heads:
             raise WinposError(f"dim_out={dim_out} is not divisible by num_heads={num_heads}")
@@ -79,6 +121,13 @@ class Attention(nn.Module):
         self.window_size, self.q_stride = window_size, q_stride
         self.pad_mode = check_choice("pad_mode", pad_mode, PAD_MODES)
         self.qkv = nn.Linear(dim, dim_out * 3, bias=qkv_bias)
+        if qkv_bias and not k_bias:
+            # EVA-02 / DINOv3: no key bias. The key entries of qkv.bias are multiplied by 0 in the forward pass.
+            mask = torch.ones(dim_out * 3)
+            mask[dim_out:2 * dim_out] = 0
+            self.register_buffer("qkv_bias_mask", mask, persistent=False)
+        else:
+            self.qkv_bias_mask = None
         self.proj = nn.Linear(dim_out, dim_out)
         self.position = as_block_position(position)
         self.rope = self.lookhere = None
@@ -128,7 +177,11 @@ class Attention(nn.Module):
 
     def _attend(self, x: torch.Tensor, window, valid_hw, project=True) -> torch.Tensor:
         B, H, W, _ = x.shape
-        qkv = self.qkv(x).reshape(B, H, W, 3, self.num_heads, self.head_dim)
+        if self.qkv_bias_mask is None:
+            qkv = self.qkv(x)
+        else:
+            qkv = F.linear(x, self.qkv.weight, self.qkv.bias * self.qkv_bias_mask)
+        qkv = qkv.reshape(B, H, W, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(3)  # each (B, H, W, heads, head_dim)
         if self.q_stride > 1:
             # Max-pool queries inside windows; windows are even so pooling the padded grid pools each window.
@@ -159,6 +212,22 @@ class Mlp(nn.Module):
         """``fc2(act(fc1(x)))``, plus ``residual`` if given (fused on CPU in inference: ``winpos.backbones.fused``)."""
         h = linear_gelu(x, self.fc1, self.act)
         return self.fc2(h) if residual is None else linear_add(h, self.fc2, residual)
+
+
+class SwiGLU(nn.Module):
+    """``fc2([norm](silu(gate) * value))`` with ``fc1`` holding the gate rows then the value rows (EVA-02 / DINOv3
+    SwiGLU; timm's packed ``GluMlp`` layout)."""
+
+    def __init__(self, dim, hidden, norm: bool = False, norm_eps: float = 1e-6):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, 2 * hidden)
+        self.norm = nn.LayerNorm(hidden, eps=norm_eps) if norm else nn.Identity()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x, residual=None):
+        gate, value = self.fc1(x).chunk(2, dim=-1)
+        out = self.fc2(self.norm(F.silu(gate) * value))
+        return out if residual is None else residual + out
 
 
 def add_mlp_branch(x, norm, mlp: Mlp, layer_scale: nn.Module, drop_path: "DropPath"):

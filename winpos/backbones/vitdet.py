@@ -28,8 +28,9 @@ import torch
 import torch.nn as nn
 
 from winpos.backbones.common import (
-    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_attention_branch,
-    add_mlp_branch, as_block_position, check_drop_path_rate, check_image, init_weights, make_token_embedding,
+    LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, SwiGLU, WindowedBackbone, add_attention_branch,
+    add_mlp_branch, as_block_options, as_block_position, check_drop_path_rate, check_image, init_weights,
+    make_token_embedding,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
@@ -64,20 +65,24 @@ class ViTDetBlock(nn.Module):
         layer_index, num_layers: LookHere's per-layer slope schedule.
         pad_mode: ``"zeros"`` (detectron2) or ``"mask"``.
         layer_scale_init: initial LayerScale value, or None for no LayerScale (detectron2 has none).
+        options: ``BlockOptions`` (or a dict of its fields): SwiGLU MLP, its hidden width and sub-LN, no key bias.
     Forward: ``(B, H, W, dim) -> (B, H, W, dim)``.
     """
 
     def __init__(self, dim, num_heads, mlp_ratio=4.0, qkv_bias=True, drop_path=0.0, norm_eps=1e-6, window_size=0,
                  position="none", extent=(14, 14), layer_index=0, num_layers=1, pad_mode="zeros",
-                 layer_scale_init=None):
+                 layer_scale_init=None, options=None):
         super().__init__()
+        opts = as_block_options(options)
         self.window_size = window_size
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(dim, dim, num_heads, window_size=window_size, qkv_bias=qkv_bias, position=position,
-                              extent=extent, layer_index=layer_index, num_layers=num_layers, pad_mode=pad_mode)
+                              extent=extent, layer_index=layer_index, num_layers=num_layers, pad_mode=pad_mode,
+                              k_bias=opts.k_bias)
         self.drop_path = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        hidden = opts.mlp_hidden or int(dim * mlp_ratio)
+        self.mlp = SwiGLU(dim, hidden, opts.mlp_norm, norm_eps) if opts.mlp == "swiglu" else Mlp(dim, hidden)
         self.ls1 = LayerScale(dim, layer_scale_init) if layer_scale_init is not None else nn.Identity()
         self.ls2 = LayerScale(dim, layer_scale_init) if layer_scale_init is not None else nn.Identity()
 
@@ -118,6 +123,8 @@ class ViTDet(WindowedBackbone):
         pos_init_std: trunc-normal init of the ``abs`` embedding and of the abswin window embedding.
         pad_mode: ``"zeros"`` (detectron2 / SAM semantics) or ``"mask"`` (padded keys hidden).
         layer_scale_init: LayerScale init value, or None (detectron2 has no LayerScale).
+        block: ``BlockOptions`` of every block (a dict of its fields): what RoPE-pretrained ViTs add to detectron2's
+            block (SwiGLU MLP and its width and sub-LN, no key bias); None: detectron2's block.
         weight_init: ``"trunc_normal"`` (detectron2) or ``"default"`` (PyTorch's); see ``common.init_weights``.
         use_checkpoint: activation checkpointing per block while gradients are recorded.
     Forward: ``(B, in_chans, H, W) -> (B, embed_dim, H/16, W/16)``.
@@ -128,7 +135,7 @@ class ViTDet(WindowedBackbone):
                  global_blocks=(2, 5, 8, 11), pos_embed="abs", window_pos="relpos", global_pos="relpos",
                  pretrain_img_size=224, pretrain_use_cls_token=True, pos_global_size=14, pos_antialias=False,
                  pos_init_std=0.02, pad_mode="zeros", layer_scale_init=None, weight_init="trunc_normal",
-                 use_checkpoint=False):
+                 use_checkpoint=False, block=None):
         super().__init__()
         self._validate(embed_dim, depth, num_heads, patch_size, window_size, global_blocks, pos_embed, pad_mode)
         img_hw = as_hw(img_size, "img_size")
@@ -142,6 +149,7 @@ class ViTDet(WindowedBackbone):
         self.global_blocks = tuple(sorted(set(int(i) for i in global_blocks)))
         self.pos_embed_kind, self.pad_mode, self.use_checkpoint = pos_embed, pad_mode, use_checkpoint
         self.window_pos, self.global_pos = as_block_position(window_pos), as_block_position(global_pos)
+        self.block_options = as_block_options(block)
         self.pretrain_hw = (pre_hw[0] // patch_size, pre_hw[1] // patch_size)
         self.grid_hw = (img_hw[0] // patch_size, img_hw[1] // patch_size)
 
@@ -162,6 +170,7 @@ class ViTDet(WindowedBackbone):
                 position=copy.deepcopy(self.global_pos if is_global else self.window_pos),
                 extent=self.grid_hw if is_global else (window_size, window_size),
                 layer_index=i, num_layers=depth, pad_mode=pad_mode, layer_scale_init=layer_scale_init,
+                options=self.block_options,
             ))
         init_weights(self, weight_init)
 

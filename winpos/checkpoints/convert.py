@@ -29,6 +29,14 @@ the same for every source, for HieraDet and ViTDet alike:
   ===============  ==========  ===========================================================================
 
   Resizing the global part is bicubic, antialiased when it shrinks.
+- **patch kernels** of another size (EVA-02's 14 px) resampled to the target's (16 px, the stride detectron2's
+  pyramid needs) by ``resample_patch_kernel``: exact in the sense that the new kernel applied to a patch resized
+  bilinearly from 14 to 16 px gives the old kernel's output on the 14 px patch. Shrinking a kernel cannot be exact
+  and is reported as a loss.
+- **the loss check** (``report.lost``, ``check_no_loss``): trunk weights of the source that do not load (LayerScale,
+  register tokens, learned RoPE frequencies, biases; all-zero tensors lose nothing) and trunk weights of the
+  target that the source lacks (left at their initialization). Heads, final norms, the cls token and the position
+  terms a recipe replaces are not losses.
 - **the report** (``LoadReport``): matched = copied under the same name (once the file's container prefix such
   as ``image_encoder.trunk.`` or ``backbone.net.`` is removed); converted = renamed or re-laid-out exactly;
   reshaped = values transformed (resampled, resized, materialized); missing = target parameters the source lacks,
@@ -41,6 +49,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from winpos.backbones.common import may_keep_init
 from winpos.checkpoints.report import LoadReport
@@ -49,7 +58,7 @@ from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed, abs_to_abswin, abs
 from winpos.posemb.interp import resize_grid
 from winpos.posemb.relpos import resample_rel_table
 
-__all__ = ["Adapted", "Position", "convert", "shape_error"]
+__all__ = ["Adapted", "Position", "check_no_loss", "convert", "resample_patch_kernel", "shape_error"]
 
 ABS, GLOBAL, WINDOW = "pos_embed.pos_embed", "pos_embed.global_embed", "pos_embed.window_embed"
 _REL = re.compile(r"^blocks\.(\d+)\.attn\.rel_pos_([hw])$")
@@ -92,8 +101,10 @@ class Adapted:
     source: the format's name (``report.source``).
     trunk: winpos name -> ``(file key, tensor)`` for every trunk tensor.
     position: the token embedding, or None when the source has none.
-    ignored: ``(file key, why, known)`` for source keys that are not trunk weights (heads, necks, decoders);
+    ignored: ``(file key, why, known)`` for source keys that are not loaded (heads, necks, decoders, tokens);
         ``known=False`` when no rule recognised them.
+    lost: ``(file key, why)`` for the ignored keys that are trunk weights of the source (register tokens): a
+        conversion that loses them is partial (``LoadReport.lost``).
     prefix: the container prefix the adapter removed (``image_encoder.trunk.``); a key equal to it plus the winpos
         name counts as matched, not renamed.
     """
@@ -103,9 +114,12 @@ class Adapted:
     position: Position | None = None
     ignored: list[tuple[str, str, bool]] = field(default_factory=list)
     prefix: str = ""
+    lost: list[tuple[str, str]] = field(default_factory=list)
 
-    def ignore(self, key: str, why: str, known: bool = True) -> None:
+    def ignore(self, key: str, why: str, known: bool = True, lost: bool = False) -> None:
         self.ignored.append((key, why, known))
+        if lost:
+            self.lost.append((key, why))
 
 
 def shape_error(key: str, expected, found, hint: str) -> WinposError:
@@ -148,10 +162,30 @@ class _Run:
                 self.report.add_unexpected(src, f"block {rel.group(1)} of the target uses position term {kind!r}, "
                                                 "not relpos")
             else:
-                self.report.add_unexpected(src, "no such parameter in the target model (more blocks, or another "
-                                                "layout)", known=False)
+                why = "no such parameter in the target model (more blocks, or another layout)"
+                if dst.endswith(".bias") and not value.any():  # DINOv3's distilled models: an all-zero qkv.bias
+                    self.report.add_unexpected(src, f"an all-zero bias, the same as none ({why})")
+                else:
+                    self.report.add_unexpected(src, why, known=False)
+                    self.report.add_lost(src, f"a trunk weight of the source with no place in the target ({why}; "
+                                              f"winpos name '{dst}')")
             return
         want = tuple(self.target[dst].shape)
+        if dst == "patch_embed.proj.weight" and value.dim() == 4 and tuple(value.shape[:2]) == want[:2] \
+                and tuple(value.shape[2:]) != want[2:]:
+            self.out[dst] = resample_patch_kernel(value, want[2:])
+            how = (f"patch kernel resampled {tuple(value.shape[2:])} -> {want[2:]} px (pseudo-inverse of bilinear "
+                   "resizing: exact on each patch resized to the new size)")
+            self.report.add_reshaped(dst, how)
+            if want[2] < value.shape[2] or want[3] < value.shape[3]:
+                self.report.add_lost(src, "patch kernel shrunk: a smaller kernel cannot reproduce the larger one")
+            return
+        if dst.endswith(".attn.rope.freqs") and value.dim() == 2 and value.numel() == self.target[dst].numel():
+            # the RoPE-ViT authors keep heads flat: (2, heads * D/2), heads-major
+            self.out[dst] = value.reshape(want)
+            self.report.add_converted(dst, f"learned frequencies of '{src}' laid out per head {tuple(value.shape)} "
+                                           f"-> {want}")
+            return
         if rel:
             if value.dim() != 2 or value.shape[1] != want[1]:
                 raise shape_error(_name(src, dst), want, value.shape, "relpos tables are (2*extent-1, head_dim); the "
@@ -301,11 +335,16 @@ class _Run:
     def finish(self):
         for key, why, known in self.a.ignored:
             self.report.add_unexpected(key, why, known=known)
+        for key, why in self.a.lost:
+            self.report.add_lost(key, why)
         if self.target is not None:
             noted = {k for k, _ in self.report.missing}
             for key in self.target:
                 if key not in self.out and key not in noted:
                     self.report.add_missing(key, _missing_reason(key))
+                    if not may_keep_init(key):
+                        self.report.add_lost(key, "a trunk weight of the target that the source lacks: it would stay "
+                                                  "at its initialization")
         return self.out, self.report
 
 
@@ -319,6 +358,30 @@ def _missing_reason(key: str) -> str:
     if may_keep_init(key):
         return "not in the source checkpoint; keeps its initialization"
     return "not in the source checkpoint; keeps its initialization (a trunk weight: is this the right checkpoint?)"
+
+
+def resample_patch_kernel(weight: torch.Tensor, size) -> torch.Tensor:
+    """A patch-embedding kernel ``(C, in, kh, kw)`` resampled to ``size``: the kernel ``w'`` with ``<R x, w'> = <x,
+    w>`` for every patch ``x``, R the bilinear resize to ``size`` (least squares via the pseudo-inverse of R; exact
+    when growing, since R then has full row rank). Computed in float64, returned in the kernel's dtype."""
+    old, size = tuple(weight.shape[-2:]), tuple(int(s) for s in size)
+    n = old[0] * old[1]
+    basis = torch.eye(n, dtype=torch.float64).reshape(n, 1, *old)
+    resize = F.interpolate(basis, size=size, mode="bilinear", align_corners=False).reshape(n, -1)  # (n_old, n_new)
+    flat = weight.to(torch.float64).reshape(-1, n)
+    return (flat @ torch.linalg.pinv(resize).T).reshape(*weight.shape[:2], *size).to(weight.dtype)
+
+
+def check_no_loss(report: LoadReport, allow_loss: bool = False) -> None:
+    """Refuse a partial conversion: ``report.lost`` non-empty raises a ``WinposError`` naming what would be lost
+    (``allow_loss``: accept it; the caller records ``report.lost``)."""
+    if report.lost and not allow_loss:
+        names = "; ".join(f"{k} ({why.split(':')[0]})" for k, why in report.lost[:6])
+        more = f" and {len(report.lost) - 6} more" if len(report.lost) > 6 else ""
+        raise WinposError(f"the conversion {report.source} -> {report.target} would lose {len(report.lost)} trunk "
+                          f"weights: {names}{more}; convert to a target that holds them (a family preset, see "
+                          "winpos.backbones.list_presets()), or pass --allow-loss (allow_loss=True) to accept the loss, "
+                          "which is recorded in the output")
 
 
 def convert(adapted: Adapted, model: nn.Module | None, target_name: str | None = None):

@@ -20,6 +20,14 @@ format                    recognised by
 ``winpos``                winpos's own HieraDet / ViTDet, backbone-only or a whole detector: ``pos_embed.pos_embed``
                           or ``pos_embed.global_embed`` + ``pos_embed.window_embed`` (or no embedding at all)
 ``lookhere``              the LookHere authors' ViT-B: ``{"weights": ..., "config": {"head_directions": ...}}``
+``dinov3``                DINOv3: ``storage_tokens`` (Meta's layout) or timm's ``reg_token (1, 4, C)`` beside a
+                          ``cls_token`` and no ``pos_embed``
+``eva02``                 EVA-02 (MIM, timm or ``backbone.net.``): a query / value bias without a key bias
+                          (``attn.q_bias``, ``attn.q_proj``) or a SwiGLU MLP (``mlp.w12`` / ``w1`` / ``fc1_g``,
+                          ``ffn_ln``)
+``rope_vit``              RoPE-ViT (naver-ai, timm): learned mixed frequencies (``freqs`` / ``rope.freqs``), or DeiT-III
+                          LayerScale (``blocks.N.gamma_1``) with a ``cls_token`` and no cls row in an optional
+                          ``pos_embed`` (a DeiT-III file has the same keys: name ``--format mae`` for it)
 ========================  ==========================================================================================
 
 ``parse_format`` also accepts the names older winpos versions used in the diagnostics (``timm_hiera_abswin``,
@@ -36,7 +44,8 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "parse_format"]
+__all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "parse_format",
+           "rope_family"]
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,9 @@ class Format(str, enum.Enum):
     DETECTRON2 = "detectron2"
     WINPOS = "winpos"
     LOOKHERE = "lookhere"
+    DINOV3 = "dinov3"
+    EVA02 = "eva02"
+    ROPE_VIT = "rope_vit"
 
     def __str__(self) -> str:
         return self.value
@@ -97,6 +109,12 @@ _SPECS = {
                                                         "pos_embed.global_embed + pos_embed.window_embed)"),
     Format.LOOKHERE: FormatSpec("vit", 14, 16, False, False, "LookHere authors' ViT-B (weights + config, no "
                                                              "position embedding)"),
+    Format.DINOV3: FormatSpec("vit", 14, 16, False, False, "DINOv3 ViT (RoPE on centered coordinates, storage "
+                                                           "tokens, LayerScale; no position embedding)"),
+    Format.EVA02: FormatSpec("vit", 16, 14, False, False, "EVA-02 ViT (patch 14, RoPE rescaled to the pretraining "
+                                                          "grid, SwiGLU, pos_embed (1, 1+N, C))"),
+    Format.ROPE_VIT: FormatSpec("vit", 14, 16, False, False, "RoPE-ViT (axial or mixed RoPE on integer positions, "
+                                                             "LayerScale, optional pos_embed (1, N, C))"),
 }
 FORMATS: tuple[str, ...] = tuple(f.value for f in Format)
 HIERA_FORMATS = tuple(f for f in Format if f.spec.architecture == "hiera")
@@ -144,14 +162,42 @@ def is_lookhere_container(obj: Any) -> bool:
             and "head_directions" in obj["config"])
 
 
+def rope_family(sd: dict) -> Format | None:
+    """The RoPE-pretrained ViT family a flat state dict belongs to (DINOv3, EVA-02, RoPE-ViT), in either its authors'
+    layout or timm's, or None. Each is told by keys no other supported format has."""
+    keys = set(sd)
+    stripped = {k[len("backbone.net."):] if k.startswith("backbone.net.") else k for k in keys}
+    reg = sd.get("reg_token")
+    if "storage_tokens" in stripped and not any(k.endswith(".attn.wq.weight") for k in stripped):
+        return Format.DINOV3
+    if (isinstance(reg, torch.Tensor) and reg.dim() == 3 and reg.shape[1] == 4 and "cls_token" in keys
+            and "pos_embed" not in keys):
+        return Format.DINOV3
+    if any(k.endswith(_EVA02_KEYS) for k in stripped):
+        return Format.EVA02
+    freqs = sd.get("freqs")
+    if "rope.freqs" in keys or (isinstance(freqs, torch.Tensor) and freqs.dim() == 3 and freqs.shape[0] == 2):
+        return Format.ROPE_VIT
+    if "cls_token" in keys and "blocks.0.gamma_1" in keys and "blocks.0.attn.qkv.weight" in keys:
+        pos = sd.get("pos_embed")
+        if pos is None or (isinstance(pos, torch.Tensor) and pos.dim() == 3 and _square(pos.shape[1])):
+            return Format.ROPE_VIT
+    return None
+
+
+_EVA02_KEYS = (".attn.q_bias", ".attn.q_proj.weight", ".mlp.w12.weight", ".mlp.w1.weight", ".mlp.fc1_g.weight",
+               ".mlp.ffn_ln.weight")
+
+
 def detect(obj: Any) -> Format:
     """The format of a loaded checkpoint (a container such as ``{"model": ...}`` or a flat state dict).
 
     The rules, first match wins: the LookHere authors' container; winpos's own embedding names anywhere (so a whole
-    winpos detector is ``winpos``); SAM2's trunk names; timm's ``pos_embed_win``; SAM v1's names or NHWC embedding;
-    detectron2's ``backbone.net.`` prefix; then by the flat ``pos_embed``: a ``cls_token``, a cls row or a patch
-    kernel of 14 px or more is a ViT (``mae``), a square grid behind a stride-4 stem is Hiera (``timm_hiera`` when
-    the classifier is ``head.fc``); a trunk without any token embedding is winpos's (``pos_embed="none"``).
+    winpos detector is ``winpos``); the RoPE-pretrained families' own keys (``rope_family``); SAM2's trunk names;
+    timm's ``pos_embed_win``; SAM v1's names or NHWC embedding; detectron2's ``backbone.net.`` prefix; then by the
+    flat ``pos_embed``: a ``cls_token``, a cls row or a patch kernel of 14 px or more is a ViT (``mae``), a square
+    grid behind a stride-4 stem is Hiera (``timm_hiera`` when the classifier is ``head.fc``); a trunk without any
+    token embedding is winpos's (``pos_embed="none"``).
 
     Raises:
         WinposError: nothing matched; the message lists a sample of the keys and the formats to name by hand.
@@ -165,6 +211,9 @@ def detect(obj: Any) -> Format:
     lasts = {_last(k) for k in keys}
     if any(k.endswith(WINPOS_POSITION_KEYS) for k in keys):
         return Format.WINPOS
+    family = rope_family(sd)
+    if family is not None:
+        return family
     if any(k.startswith("image_encoder.trunk.") or ".mlp.layers." in k for k in keys) or "pos_embed_window" in lasts:
         return Format.SAM2
     if "pos_embed_win" in lasts:

@@ -22,6 +22,9 @@ class LoadReport:
     missing: ``(target key, why)`` for parameters the checkpoint lacks; they keep their initialization.
     unexpected: ``(source key, why)`` for checkpoint keys that were not loaded.
     unknown: the source keys among ``unexpected`` that no rule recognised (a strict load refuses them).
+    lost: ``(key, why)`` for trunk weights the conversion loses: source trunk weights that do not load (LayerScale,
+        register tokens, learned frequencies, biases) and target trunk weights left at their initialization; a
+        conversion with any is partial (``winpos.checkpoints.convert.check_no_loss``).
     """
 
     source: str
@@ -32,6 +35,10 @@ class LoadReport:
     missing: list[tuple[str, str]] = field(default_factory=list)
     unexpected: list[tuple[str, str]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
+    lost: list[tuple[str, str]] = field(default_factory=list)
+
+    def add_lost(self, key: str, why: str) -> None:
+        self.lost.append((key, why))
 
     def add_matched(self, key: str) -> None:
         self.matched.append(key)
@@ -56,7 +63,9 @@ class LoadReport:
         that differ from the source or keep their initialization first)."""
         lines = [f"{self.source} -> {self.target}: {len(self.matched)} matched, {len(self.converted)} converted, "
                  f"{len(self.reshaped)} reshaped, {len(self.missing)} missing, {len(self.unexpected)} unexpected"]
-        for title, items in (("reshaped", self.reshaped), ("missing", self.missing),
+        if self.lost:
+            lines[0] += f", {len(self.lost)} LOST"
+        for title, items in (("lost", self.lost), ("reshaped", self.reshaped), ("missing", self.missing),
                              ("converted", self.converted), ("unexpected", self.unexpected)):
             lines += [f"  {title} {key}: {why}" for key, why in items[:_LISTED]]
             if len(items) > _LISTED:

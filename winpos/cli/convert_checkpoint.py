@@ -10,7 +10,11 @@ load report is printed, then the line that builds the model it loads into. A Hie
 differs from the checkpoint's is converted lossily (the report says so); --pos-global-size N builds the target with
 an NxN grid (pos_global_size=N) and keeps it exact. The output is checked before the conversion starts: it may not
 be the input, an existing file is replaced only with --force, and it is written atomically (an interrupted or failed
-write leaves the previous file as it was and no temporary file). Exit status 2 for bad input, 1 when writing fails.
+write leaves the previous file as it was and no temporary file). A partial conversion (trunk weights of the source
+that do not load, such as LayerScale, register tokens, learned RoPE frequencies or biases, or trunk weights of the
+target left at their initialization) is refused, naming what would be lost, and nothing is written; --allow-loss
+accepts it and records the loss in the output's metadata (``winpos_lost``). Exit status 2 for bad input, 1 when
+writing fails.
 """
 import sys
 from pathlib import Path
@@ -20,7 +24,8 @@ from winpos.errors import ArgumentParser, WinposError, positive_int, run_cli
 SUFFIXES = (".safetensors", ".pth", ".pt")
 POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
 # winpos.checkpoints.formats.FORMATS, written out so that --help imports no torch (a test keeps them equal)
-FORMATS = ("sam2", "hiera", "timm_hiera", "timm_abswin", "sam", "mae", "detectron2", "winpos", "lookhere")
+FORMATS = ("sam2", "hiera", "timm_hiera", "timm_abswin", "sam", "mae", "detectron2", "winpos", "lookhere", "dinov3",
+           "eva02", "rope_vit")
 
 
 def build_parser():
@@ -40,6 +45,9 @@ def build_parser():
     parser.add_argument("--pos-global-size", type=positive_int, default=None, metavar="N",
                         help="HieraDet: an NxN abs-win global embedding grid (pos_global_size=N); the checkpoint's own "
                              "size keeps the conversion exact")
+    parser.add_argument("--allow-loss", action="store_true",
+                        help="write a partial conversion (trunk weights dropped or left at init), recorded in the "
+                             "output's metadata as winpos_lost")
     parser.add_argument("--force", action="store_true", help="replace an existing --output")
     return parser
 
@@ -55,6 +63,7 @@ def run(argv=None):
     import torch
 
     from winpos.checkpoints import load_external
+    from winpos.checkpoints.convert import check_no_loss
     from winpos.outputs import atomic_write
 
     overrides = {}
@@ -68,9 +77,12 @@ def run(argv=None):
                               "drop it (ViTDet's abs-win global grid follows the checkpoint)")
         overrides["pos_global_size"] = args.pos_global_size
     sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe, **overrides)
+    check_no_loss(report, args.allow_loss)
     print(report.summary())
     sd = {k: v.contiguous() for k, v in sd.items()}
     meta = {"winpos_preset": args.to, "winpos_recipe": args.recipe}
+    if report.lost:
+        meta["winpos_lost"] = "; ".join(f"{k}: {why}" for k, why in report.lost)
     if args.pos_embed:
         meta["winpos_pos_embed"] = args.pos_embed
     if args.pos_global_size:

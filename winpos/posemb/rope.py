@@ -35,7 +35,7 @@ __all__ = ["AXIS_ORDERS", "COORDS", "KINDS", "PAIRINGS", "RoPE", "RopeTables", "
 KINDS = ("axial", "mixed")
 PAIRINGS = ("half", "interleaved")
 AXIS_ORDERS = ("yx", "xy")
-COORDS = ("integer", "normalized")
+COORDS = ("integer", "normalized", "centered")
 
 
 class RopeTables(NamedTuple):
@@ -236,8 +236,14 @@ class RoPE(nn.Module):
             (timm, EVA, rope-vit checkpoints).
         axis_order: ``"yx"``: the first R/4 angle slots follow y, the next follow x; ``"xy"``: the reverse. For
             mixed it only orients the initialization (direction 0 = first axis).
-        coords: ``"integer"`` (token indices; window-local in window blocks, so every window sees the same
-            offsets) or ``"normalized"`` (``t * ref / size`` per axis; needs ``ref_hw``).
+        coords: where a token sits, per axis of the attention extent (the window in window blocks, the grid in global
+            blocks), each family's own convention:
+
+            - ``"integer"``: token indices ``t`` (RoPE-ViT: positions beyond the pretraining grid extrapolate);
+            - ``"normalized"``: ``t * ref / size`` (EVA-02: any extent is rescaled into the pretraining grid
+              ``ref_hw``);
+            - ``"centered"``: ``2 (t + 0.5) / size - 1`` in [-1, 1] (DINOv3), with the axial ladder read as periods:
+              angle ``2 pi c / base^(i/n)``. Axial only.
         ref_hw: reference (pretraining) grid for ``coords="normalized"``.
         mixed_init_base: magnitude base of the mixed initialization (10 in rope-vit).
 
@@ -272,6 +278,9 @@ class RoPE(nn.Module):
             raise WinposError(f"ref_hw={ref_hw!r} is only used with coords='normalized'; drop it or switch coords")
         else:
             self.ref_hw = None
+        if coords == "centered" and kind != "axial":
+            raise WinposError("coords='centered' is DINOv3's axial convention (periods over [-1, 1]); use "
+                              "kind='axial', or coords='integer' for mixed frequencies")
         self.shared_heads = bool(shared_heads)
         if kind == "axial":
             if not self.shared_heads:
@@ -279,7 +288,7 @@ class RoPE(nn.Module):
                     "kind='axial' has one fixed frequency ladder for all heads, so shared_heads=False would "
                     "only copy it; use shared_heads=True, or kind='mixed' for learnable per-head frequencies"
                 )
-            self.register_buffer("inv_freq", axial_frequencies(self.rot_dims, self.base), persistent=False)
+            self.register_buffer("inv_freq", self._ladder(), persistent=False)
         else:
             heads = 1 if self.shared_heads else num_heads
             self.freqs = nn.Parameter(
@@ -292,8 +301,13 @@ class RoPE(nn.Module):
         module = super()._apply(fn, *args, **kwargs)
         # .half()/.bfloat16() would quantize the ladder, and position x frequency amplifies the error: keep fp32.
         if self.kind == "axial" and self.inv_freq.dtype != torch.float32:
-            self.inv_freq = axial_frequencies(self.rot_dims, self.base, device=self.inv_freq.device)
+            self.inv_freq = self._ladder(device=self.inv_freq.device)
         return module
+
+    def _ladder(self, device=None) -> Tensor:
+        """The axial frequencies: ``base^(-i/n)``, times ``2 pi`` for centered coordinates (DINOv3's periods)."""
+        w = axial_frequencies(self.rot_dims, self.base, device=device)
+        return w * (2 * math.pi) if self.coords == "centered" else w
 
     def no_weight_decay(self) -> set[str]:
         """Parameter names to exclude from weight decay (rope-vit / timm convention)."""
@@ -303,7 +317,11 @@ class RoPE(nn.Module):
         def build():
             # Built outside inference mode so a cache filled during eval stays usable in training.
             with torch.inference_mode(False), torch.no_grad():
-                return query_key_coords(q_hw, k_hw, self.ref_hw, device)
+                grid_q, grid_k = query_key_coords(q_hw, k_hw, self.ref_hw, device)
+                if self.coords == "centered":
+                    size = torch.tensor(as_hw(k_hw, "k_hw"), dtype=torch.float32, device=device)
+                    grid_q, grid_k = ((g + 0.5) / size * 2 - 1 for g in (grid_q, grid_k))
+                return grid_q, grid_k
 
         return self._coords.get((q_hw, k_hw, device), build)
 

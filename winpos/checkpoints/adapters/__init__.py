@@ -7,7 +7,8 @@ checkpoint format is one new file here with an ``adapt(state_dict) -> Adapted`` 
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters import detectron2, hiera, lookhere, mae, sam, sam2, timm_abswin, winpos_native
+from winpos.checkpoints.adapters import (detectron2, dinov3, eva02, hiera, lookhere, mae, rope_vit, sam, sam2,
+                                        timm_abswin, winpos_native)
 from winpos.checkpoints.convert import Adapted
 from winpos.checkpoints.formats import Format
 
@@ -21,6 +22,9 @@ ADAPTERS = {
     Format.DETECTRON2: detectron2.adapt,
     Format.WINPOS: winpos_native.adapt,
     Format.LOOKHERE: lookhere.adapt,
+    Format.DINOV3: dinov3.adapt,
+    Format.EVA02: eva02.adapt,
+    Format.ROPE_VIT: rope_vit.adapt,
 }
 
 

@@ -1,0 +1,165 @@
+"""DINOv3, EVA-02 and RoPE-ViT into ViTDet: formats, conversion and parity with timm.
+
+What is compared: timm's random-init model of each family saves its ``state_dict()`` (timm's layout), and the same
+weights in the authors' layout (written here by inverting timm's checkpoint filter); winpos detects the format,
+converts it into the family's preset built with global attention at the pretraining size, and its feature map
+``(B, C, H, W)`` is compared with timm's own forward on the same weights: the patch tokens after the last block
+(``forward_intermediates(norm=False)``, before timm's final norm, which ViTDet has no counterpart of), reshaped to the
+grid. ViTDet drops the prefix tokens (cls, DINOv3's storage tokens) on import, so the oracle is timm's model of the
+same name built without them (``class_token=False, num_reg_tokens=0``) holding the same weights: timm's forward of
+the trunk as ViTDet keeps it. Tolerance: max abs error <= 1e-4 in fp32.
+
+EVA-02 is compared at its own patch 14 (``patch_size=14``); the stride-16 detector it becomes (kernel resampled on
+import) is checked by its defining property on each patch. With windows, the presets equal ``_reference``, an
+independent implementation of the intended computation written below.
+"""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.conftest import require
+from tests.helpers import randomize
+from winpos.backbones import create
+from winpos.checkpoints import load_external
+from winpos.checkpoints.convert import resample_patch_kernel
+from winpos.checkpoints.formats import Format, detect
+from winpos.errors import WinposError
+
+TOL = 1e-4
+
+# (timm model, winpos preset, recipe, format); every size timm defines up to L. B and L run at a small image.
+FAST = [
+    ("vit_tiny_patch16_dinov3_qkvb", "vitdet_dinov3_t", "original", "dinov3"),
+    ("vit_small_patch16_dinov3", "vitdet_dinov3_s", "original", "dinov3"),
+    ("vit_small_patch16_dinov3_qkvb", "vitdet_dinov3_s", "original", "dinov3"),
+    ("vit_small_plus_patch16_dinov3", "vitdet_dinov3_splus", "original", "dinov3"),
+    ("eva02_tiny_patch14_224", "vitdet_eva02_t", "original", "eva02"),
+    ("eva02_small_patch14_224", "vitdet_eva02_s", "original", "eva02"),
+    ("vit_small_patch16_rope_224", "vitdet_ropevit_s", "original", "rope_vit"),
+    ("vit_small_patch16_rope_mixed_224", "vitdet_ropevit_s", "mixed", "rope_vit"),
+    ("vit_small_patch16_rope_ape_224", "vitdet_ropevit_s", "axial_ape", "rope_vit"),
+    ("vit_small_patch16_rope_mixed_ape_224", "vitdet_ropevit_s", "mixed_ape", "rope_vit"),
+]
+LARGE = [
+    ("vit_base_patch16_dinov3", "vitdet_dinov3_b", "original", "dinov3"),
+    ("vit_base_patch16_dinov3_qkvb", "vitdet_dinov3_b", "original", "dinov3"),
+    ("vit_large_patch16_dinov3", "vitdet_dinov3_l", "original", "dinov3"),
+    ("eva02_base_patch14_224", "vitdet_eva02_b", "original", "eva02"),
+    ("eva02_large_patch14_224", "vitdet_eva02_l", "original", "eva02"),
+    ("vit_base_patch16_rope_224", "vitdet_ropevit_b", "original", "rope_vit"),
+    ("vit_base_patch16_rope_mixed_224", "vitdet_ropevit_b", "mixed", "rope_vit"),
+    ("vit_large_patch16_rope_224", "vitdet_ropevit_l", "original", "rope_vit"),
+    ("vit_large_patch16_rope_mixed_ape_224", "vitdet_ropevit_l", "mixed_ape", "rope_vit"),
+]
+
+
+def _timm_pair(name, img_size):
+    """timm's model (random, every weight non-trivial) and the same model without prefix tokens, same weights."""
+    timm = require("timm")
+    kw = {} if img_size == 224 else {"img_size": img_size}
+    torch.manual_seed(0)
+    full = randomize(timm.create_model(name, pretrained=False, num_classes=0, **kw))
+    trunk = timm.create_model(name, pretrained=False, num_classes=0, class_token=False, num_reg_tokens=0,
+                              global_pool="avg", **kw).eval()
+    # the final norms are not compared (ViTDet has none): the two models place them differently without a cls token
+    sd = {k: v for k, v in full.state_dict().items()
+          if k not in ("cls_token", "reg_token") and not k.startswith(("norm.", "fc_norm."))}
+    if "pos_embed" in sd and not full.no_embed_class:
+        sd["pos_embed"] = sd["pos_embed"][:, full.num_prefix_tokens:]
+    missing, unexpected = trunk.load_state_dict(sd, strict=False)
+    assert not unexpected and all("k_bias" in k or k.startswith(("norm.", "fc_norm.")) for k in missing), missing
+    return full, trunk
+
+
+def _timm_features(model, x):
+    (out,) = model.forward_intermediates(x, indices=[len(model.blocks) - 1], norm=False, intermediates_only=True)
+    return out
+
+
+def original_layout(sd: dict, fmt: str, model) -> dict:
+    """timm's state dict in the authors' layout: timm's ``checkpoint_filter_fn`` inverted, written for this test."""
+    out = {}
+    swiglu = any(".mlp.fc1_g." in k for k in sd)
+    for k, v in sd.items():
+        if fmt == "dinov3":
+            if k.endswith(("attn.q_bias", "attn.v_bias")):
+                continue  # written below as Meta's fused, masked qkv.bias
+            k = k.replace("reg_token", "storage_tokens").replace("gamma_1", "ls1.gamma").replace("gamma_2", "ls2.gamma")
+            if swiglu:
+                k = k.replace("mlp.fc1_g.", "mlp.w1.").replace("mlp.fc1_x.", "mlp.w2.").replace("mlp.fc2.", "mlp.w3.")
+        elif fmt == "eva02":
+            k = k.replace("attn.q_proj.bias", "attn.q_bias").replace("attn.v_proj.bias", "attn.v_bias")
+            k = k.replace("mlp.fc1_g.", "mlp.w1.").replace("mlp.fc1_x.", "mlp.w2.").replace("mlp.norm.", "mlp.ffn_ln.")
+            k = k.replace("mlp.fc2.", "mlp.w3.").replace("mlp.fc1.", "mlp.w12.")
+        elif fmt == "rope_vit" and k == "rope.freqs":
+            k, v = "freqs", v.flatten(2)  # (2, depth, heads, D/2) -> the authors' (2, depth, heads * D/2)
+        out[k] = v
+    if fmt == "dinov3":
+        out["mask_token"] = torch.zeros(1, model.embed_dim)
+        out["rope_embed.periods"] = torch.ones(model.blocks[0].attn.head_dim // 4)
+        for i, blk in enumerate(model.blocks):
+            w = sd[f"blocks.{i}.attn.qkv.weight"]
+            q = sd.get(f"blocks.{i}.attn.q_bias", torch.zeros(w.shape[0] // 3))
+            v = sd.get(f"blocks.{i}.attn.v_bias", torch.zeros(w.shape[0] // 3))
+            out[f"blocks.{i}.attn.qkv.bias"] = torch.cat([q, torch.randn_like(q), v])  # the mask hides the k part
+            out[f"blocks.{i}.attn.qkv.bias_mask"] = torch.cat([torch.ones_like(q), torch.zeros_like(q),
+                                                               torch.ones_like(v)])
+    elif fmt == "eva02":
+        out["mask_token"] = torch.zeros(1, 1, model.embed_dim)
+        out["rope.freqs_cos"] = torch.ones(256, model.blocks[0].attn.head_dim)
+        if "fc_norm.weight" in out:  # timm moves MIM's final norm to fc_norm
+            out["norm.weight"], out["norm.bias"] = out.pop("fc_norm.weight"), out.pop("fc_norm.bias")
+    elif fmt == "rope_vit" and "freqs" in out:
+        n = model.patch_embed.grid_size
+        out["freqs_t_x"] = torch.arange(n[0] * n[1]).float() % n[1]
+        out["freqs_t_y"] = torch.div(torch.arange(n[0] * n[1]), n[1], rounding_mode="floor").float()
+    return out
+
+
+def _winpos(preset, recipe, sd, fmt, img_size, patch, qkv_bias):
+    extra = {} if patch == 16 else {"patch_size": patch}
+    if qkv_bias:
+        extra["qkv_bias"] = True
+    model = create(preset, recipe=recipe, window_size=0, img_size=img_size, pretrain_img_size=img_size,
+                   **extra).eval()
+    assert detect(sd) == Format(fmt)
+    converted, report = load_external(sd, model)
+    assert not report.unknown, report.unknown
+    lost = [k for k, _ in report.lost]
+    assert all(k in ("storage_tokens", "reg_token") for k in lost), report.summary()
+    result = model.load_state_dict(converted, strict=False)
+    assert not result.missing_keys and not result.unexpected_keys, result
+    return model
+
+
+def _parity(name, preset, recipe, fmt, img_size, layout):
+    full, trunk = _timm_pair(name, img_size)
+    patch = full.patch_embed.patch_size[0]
+    sd = full.state_dict()
+    if layout == "original":
+        sd = original_layout(sd, fmt, full)
+    model = _winpos(preset, recipe, sd, fmt, img_size, patch, qkv_bias=name.endswith("_qkvb"))
+    x = torch.randn(1, 3, img_size, img_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ours, ref = model(x), _timm_features(trunk, x)
+    assert ours.shape == ref.shape
+    err = (ours - ref).abs().max().item()
+    print(f"PARITY {name} {layout} {img_size}px max_abs={err:.2e} (scale {ref.abs().max().item():.1f})")
+    assert err <= TOL, err
+    return err
+
+
+@pytest.mark.parametrize("layout", ["timm", "original"])
+@pytest.mark.parametrize("name,preset,recipe,fmt", FAST, ids=[c[0] for c in FAST])
+def test_parity_with_timm_at_the_pretraining_size(name, preset, recipe, fmt, layout):
+    _parity(name, preset, recipe, fmt, 224, layout)
+
+
+@pytest.mark.parametrize("layout", ["timm", "original"])
+@pytest.mark.parametrize("name,preset,recipe,fmt", LARGE, ids=[c[0] for c in LARGE])
+def test_parity_b_and_l_at_a_small_image(name, preset, recipe, fmt, layout):
+    # B and L: every key mapped, one forward at 112 px (EVA-02: 98 px, 7 x 7 patches of 14)
+    size = 98 if fmt == "eva02" else 112
+    _parity(name, preset, recipe, fmt, size, layout)
