@@ -180,3 +180,34 @@ def test_centered_coordinates_compress_in_global_blocks_only():
         [2 / 14] * 2)
     assert glob.level == "WARN" and not glob.data["extrapolates"] and "x4.57 closer" in glob.text()
     assert win.level == "OK" and "image coordinates over the 64x64 grid would step 0.0312" in win.text()
+
+
+def test_checkpoint_supplies_learned_frequencies_and_table_lengths(tmp_path):
+    """A converted checkpoint is read for what the preset cannot know: the learned mixed frequencies (one block's
+    raised above pi per token: the doctor finds it) and the relpos table lengths it was trained with."""
+    mixed = "{'kind': 'rope', 'rope': {'kind': 'mixed', 'shared_heads': false}}"
+    overrides = [f"window_pos={mixed}", f"global_pos={mixed}", "pos_embed=none"]
+    torch.manual_seed(0)
+    net = create("vitdet_toy", recipe="rope", window_pos={"kind": "rope", "rope": {"kind": "mixed",
+                                                                                   "shared_heads": False}},
+                 global_pos={"kind": "rope", "rope": {"kind": "mixed", "shared_heads": False}}, pos_embed="none")
+    with torch.no_grad():
+        net.blocks[1].attn.rope.freqs.mul_(8.0)
+    ckpt = tmp_path / "mixed.pth"
+    torch.save({"model": {f"backbone.net.{k}": v for k, v in net.state_dict().items()}}, ckpt)
+    plain = diagnose("vitdet_toy", 224, recipe="rope", overrides=overrides)
+    read = diagnose("vitdet_toy", 224, recipe="rope", overrides=overrides, checkpoint=str(ckpt))
+    assert "initialization" in plain.text() and "initialization" not in read.text()
+    glob = _terms(read)[("RoPE", "global")]
+    assert "block 1's" in glob.text() and "no aliasing" in _terms(plain)[("RoPE", "global")].text()
+    # integer positions step 1 at every size: a slot fast enough to alias did so in training too (not new)
+    assert glob.data["aliased"].any() and "aliasing (as in training)" in glob.text() and glob.level == "OK"
+
+    small = create("vitdet_toy", img_size=224)  # relpos tables for 14 tokens (27 long) in the global blocks
+    torch.save(small.state_dict(), tmp_path / "relpos.pth")
+    r = diagnose("vitdet_toy", 1024, checkpoint=str(tmp_path / "relpos.pth"))  # the preset itself sizes 127
+    assert _terms(r)[("relpos", "global")].data["stored"] == (27, 27) and "27 -> 127" in r.text()
+    assert _terms(diagnose("vitdet_toy", 1024))[("relpos", "global")].level == "OK"
+    with pytest.raises(Exception, match="no block position entries"):
+        torch.save({"w": torch.zeros(1)}, tmp_path / "none.pth")
+        diagnose("vitdet_toy", 1024, checkpoint=str(tmp_path / "none.pth"))

@@ -11,12 +11,14 @@
         An --out holding an earlier report.json or figures is refused unless --force (which removes them first).
 
     winpos-posemb doctor CONFIG_OR_PRESET [CONFIG_OR_PRESET ...] [--image-size N] [--recipe R]
-                                     [--rope-trained-size PX] [--plots DIR] [--force] [key=value ...]
+                                     [--rope-trained-size PX] [--checkpoint CKPT] [--plots DIR] [--force]
+                                     [key=value ...]
         Says whether each model interpolates an absolute embedding under window attention at that size ([BUG]),
         which blocks are affected, and the fix (an override or command to paste); then, per block kind, what its
         RoPE (positions and rotation angles against the trained range: extrapolation, compression, aliasing) and
         relpos tables (how far they are stretched) see at that size ([WARN] where training never showed it).
-        --plots writes one figure per term. Several configs or presets run in one process. Exit status 1 when the
+        --checkpoint reads the learned RoPE frequencies and relpos table lengths of a converted winpos checkpoint
+        of that model. --plots writes one figure per term. Several configs or presets run in one process. Exit status 1 when the
         bug is present in any (a warning alone is 0). Overrides are strict, as in winpos-train.
 
 Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0): one
@@ -60,6 +62,10 @@ def build_parser():
                    help="image size in px the RoPE was trained at, with global attention (default: the model's "
                         "pretraining size, pretrain_img_size; a RoPE first trained in detection finetuning: that "
                         "size, e.g. 1024)")
+    d.add_argument("--checkpoint", default=None, metavar="CKPT",
+                   help="a winpos checkpoint of the model (winpos-convert's output, or a trained detector's): its "
+                        "learned RoPE frequencies and relpos tables are read (default: the model's own, learned "
+                        "frequencies at their initialization)")
     d.add_argument("--plots", default=None, metavar="DIR",
                    help="write one figure per block term and model to DIR (<target>_rope.png, <target>_relpos.png)")
     d.add_argument("--force", action="store_true", help="replace figures of an earlier run in --plots DIR")
@@ -82,7 +88,7 @@ def run(argv=None):
         prepare_report_dir(args.plots, force=args.force, flag="--plots")  # before any work
     bug = errors = 0
     for target, report, error in diagnose_many(targets, args.image_size, args.recipe, overrides,
-                                               args.rope_trained_size):
+                                               args.rope_trained_size, args.checkpoint):
         if error:
             print(f"error: {error}", file=sys.stderr)
             errors += 1

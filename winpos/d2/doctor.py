@@ -14,14 +14,15 @@ from winpos.errors import MissingInputError, WinposError, as_hw
 
 
 def diagnose(target: str, image_size: int | None = None, recipe: str | None = None, overrides=(),
-             trained_size: int | None = None) -> DoctorReport:
+             trained_size: int | None = None, checkpoint=None) -> DoctorReport:
     """``target``: a LazyConfig ``.py`` file or a preset name; ``overrides``: ``key=value`` strings (config keys for a
     config, constructor arguments for a preset). ``image_size`` None means the model's own size; ``recipe`` None
     means the config's own recipe, or ``"original"`` for a preset. ``trained_size``: the image size (px) the RoPE was
-    trained at (default: the model's pretraining size)."""
+    trained at (default: the model's pretraining size); ``checkpoint``: a winpos checkpoint of the model whose
+    learned RoPE frequencies and relpos tables are read."""
     check_image_size(image_size)
     if not target.endswith(".py"):
-        return diagnose_preset(target, image_size, recipe or "original", overrides, trained_size)
+        return diagnose_preset(target, image_size, recipe or "original", overrides, trained_size, checkpoint)
     given = target  # the fix names the config as the user wrote it
     if not os.path.isfile(target):
         from winpos.config_names import config_path
@@ -32,16 +33,17 @@ def diagnose(target: str, image_size: int | None = None, recipe: str | None = No
             raise MissingInputError(f"{e}; or pass a preset name such as vitdet_b") from None
     net, default_size, name, preset, key, recipe = _build_from_config(target, overrides, recipe)
     fix = fix_text(preset, given, key, recipe=recipe, keep_terms=keeps_block_terms(net))
-    return diagnose_backbone(net, image_size or default_size, name, fix=fix, trained_size=trained_size)
+    return diagnose_backbone(net, image_size or default_size, name, fix=fix, trained_size=trained_size,
+                             checkpoint=checkpoint)
 
 
 def diagnose_many(targets, image_size: int | None = None, recipe: str | None = None, overrides=(),
-                  trained_size: int | None = None):
+                  trained_size: int | None = None, checkpoint=None):
     """``diagnose`` each target in one process; yields ``(target, DoctorReport or None, error message or None)``:
     a target that cannot be checked gets its one-line error and the others are still checked."""
     for target in targets:
         try:
-            yield target, diagnose(target, image_size, recipe, overrides, trained_size), None
+            yield target, diagnose(target, image_size, recipe, overrides, trained_size, checkpoint), None
         except (WinposError, OSError) as e:
             yield target, None, f"{target}: {' '.join(str(e).split())}"
 

@@ -24,7 +24,7 @@ from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
 __all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport", "fix_text",
-           "keeps_block_terms"]
+           "keeps_block_terms", "load_state"]
 
 
 @dataclass
@@ -100,19 +100,32 @@ def fix_text(preset: str | None = None, config: str | None = None, recipe_key: s
 
 
 def diagnose_backbone(net, image_size: int, name: str = "model", fix: str | None = None,
-                      trained_size: int | None = None) -> DoctorReport:
+                      trained_size: int | None = None, checkpoint=None) -> DoctorReport:
     """Check one winpos backbone (HieraDet or ViTDet) at a square ``image_size``: its token embedding, then its block
     terms (``winpos.diagnostics.terms.position_terms``). ``fix``: the fix to print when the bug is present
     (``fix_text``; default: the generic one). ``trained_size``: the image size (px) the RoPE was trained at
-    (default: the model's pretraining size)."""
+    (default: the model's pretraining size). ``checkpoint``: a winpos checkpoint of this model (path or state
+    dict) whose learned RoPE frequencies and relpos table lengths are read instead of the model's."""
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size <= 0:
         raise WinposError(f"image_size={image_size!r} must be a positive number of pixels, e.g. 1024")
     check_image_size(trained_size, "--rope-trained-size")
     from winpos.diagnostics.terms import position_terms
 
     report = _embedding_report(net, image_size, name, fix)
-    report.terms = position_terms(net, image_size, trained_size)
+    report.terms = position_terms(net, image_size, trained_size, state=load_state(checkpoint))
     return report
+
+
+def load_state(checkpoint):
+    """``checkpoint``: None, a state dict, or a checkpoint file read as data (``winpos.checkpoints.io``)."""
+    if checkpoint is None or isinstance(checkpoint, dict):
+        return checkpoint
+    from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
+
+    try:
+        return unwrap_state_dict(load_checkpoint_object(checkpoint), f"--checkpoint {checkpoint}")
+    except FileNotFoundError as e:
+        raise WinposError(f"--checkpoint {checkpoint} does not exist; check the path") from e
 
 
 def _embedding_report(net, image_size: int, name: str, fix: str | None) -> DoctorReport:
@@ -177,7 +190,7 @@ def _parse_value(text: str):
 
 
 def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "original",
-                    overrides=(), trained_size: int | None = None) -> DoctorReport:
+                    overrides=(), trained_size: int | None = None, checkpoint=None) -> DoctorReport:
     """Check backbone preset ``preset`` (``winpos.backbones.create``) built with ``recipe`` and ``overrides``
     (``key=value`` constructor arguments) at ``image_size`` (None: the model's own size). A LazyConfig target
     goes through ``winpos.d2.doctor.diagnose``, which loads the config with detectron2."""
@@ -203,7 +216,7 @@ def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "o
     default_size = max(as_hw(kwargs.get("img_size", 1024), "img_size"))
     return diagnose_backbone(net, image_size or default_size, f"preset {preset} (recipe {recipe})",
                              fix=fix_text(preset, recipe=recipe, keep_terms=keeps_block_terms(net)),
-                             trained_size=trained_size)
+                             trained_size=trained_size, checkpoint=checkpoint)
 
 
 def check_image_size(image_size, flag: str = "--image-size") -> None:

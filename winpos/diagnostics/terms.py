@@ -34,8 +34,8 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["BlockGroup", "RopeRange", "TermReport", "block_groups", "position_terms", "relpos_report", "rope_range",
-           "rope_report", "trained_image_px"]
+__all__ = ["BlockGroup", "RopeRange", "TermReport", "block_groups", "block_position_state", "position_terms",
+           "relpos_report", "rope_range", "rope_report", "trained_image_px"]
 
 TOL = 1e-4  # relative tolerance on positions and angles (float32 tables)
 HALF_TURN = math.pi
@@ -183,10 +183,12 @@ def rope_report(rope, group: BlockGroup, reference_note: str) -> TermReport:
     return rep
 
 
-def relpos_report(attn, group: BlockGroup) -> TermReport:
-    """How ``attn``'s stored relpos tables are resampled for ``group.extent`` (key grid; queries pooled or not)."""
+def relpos_report(attn, group: BlockGroup, tables=None) -> TermReport:
+    """How ``attn``'s stored relpos tables (or ``tables``, a checkpoint's ``(rel_pos_h, rel_pos_w)``) are resampled
+    for ``group.extent`` (key grid; queries pooled or not)."""
     rep = TermReport("relpos", group)
-    stored = (int(attn.rel_pos_h.shape[0]), int(attn.rel_pos_w.shape[0]))
+    h, w = tables if tables is not None else (attn.rel_pos_h, attn.rel_pos_w)
+    stored = (int(h.shape[0]), int(w.shape[0]))
     used = tuple(2 * e - 1 for e in group.extent)
     stretch = tuple(u / s for u, s in zip(used, stored))
     trained = tuple((s - 1) // 2 for s in stored)  # largest trained offset |d|
@@ -245,45 +247,80 @@ def block_groups(net, image_size: int, trained_px: int) -> list[BlockGroup]:
             for (term, kind, extent, trained, grid), blocks in groups.items()]
 
 
-def _rope_module(attn):
+def block_position_state(state: dict, depth: int) -> dict:
+    """The position entries of a backbone checkpoint, keyed by block: ``{i: {"freqs" | "rel_pos_h" | "rel_pos_w":
+    tensor}}``. Keys are matched by their tail ``blocks.<i>.attn.<name>``, so a detector's checkpoint
+    (``backbone.net.blocks...``) reads like the backbone's own."""
+    import re
+
+    out: dict = {}
+    for key, value in state.items():
+        m = re.search(r"(?:^|\.)blocks\.(\d+)\.attn\.(?:rope\.)?(freqs|rel_pos_h|rel_pos_w)$", key)
+        if m and int(m.group(1)) < depth:
+            out.setdefault(int(m.group(1)), {})[m.group(2)] = value
+    return out
+
+
+def _rope_module(attn, freqs=None):
     """The block's RoPE with real values: the module itself, or (built on the meta device) one rebuilt on the CPU
-    with the same options (fixed frequencies exact; learned frequencies at their seeded initialization)."""
+    with the same options: fixed frequencies exact, learned ones from ``freqs`` (a checkpoint's) or else at their
+    seeded initialization. Returns (module, whether its frequencies are the trained ones)."""
     from winpos.posemb.rope import RoPE
 
     source = attn.rope.inv_freq if attn.rope.kind == "axial" else attn.rope.freqs
-    if not source.is_meta:
+    if not source.is_meta and freqs is None:
         return attn.rope, True
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         with torch.device("cpu"):
-            return RoPE(attn.head_dim, attn.num_heads, **attn.position.rope), attn.rope.kind == "axial"
+            rope = RoPE(attn.head_dim, attn.num_heads, **attn.position.rope)
+    if rope.kind == "axial":
+        return rope, True
+    if freqs is None:
+        return rope, False
+    if tuple(freqs.shape) != tuple(rope.freqs.shape):
+        raise WinposError(f"the checkpoint's RoPE frequencies have shape {tuple(freqs.shape)}, the model's "
+                          f"{tuple(rope.freqs.shape)}; check the preset and recipe the checkpoint was converted to")
+    with torch.no_grad():
+        rope.freqs.copy_(freqs.float())
+    return rope, True
 
 
-def position_terms(net, image_size: int, trained_px: int | None = None) -> list[TermReport]:
+def position_terms(net, image_size: int, trained_px: int | None = None, state: dict | None = None
+                   ) -> list[TermReport]:
     """One ``TermReport`` per (term, block kind) of ``net`` (ViTDet or HieraDet) at a square ``image_size``;
-    ``trained_px``: the image size the RoPE was trained at (default ``trained_image_px(net)``)."""
+    ``trained_px``: the image size the RoPE was trained at (default ``trained_image_px(net)``); ``state``: a
+    checkpoint's state dict for ``net`` (learned RoPE frequencies, relpos table lengths), else the model's own."""
     if trained_px is None:
         trained_px, source = trained_image_px(net)
+        if source == "pretrain_img_size":
+            source += "; a RoPE first trained in finetuning: --rope-trained-size"
     else:
         source = "given"
+    blocks = block_position_state(state, len(net.blocks)) if state is not None else {}
+    if state is not None and not blocks:
+        raise WinposError("the checkpoint holds no block position entries (blocks.<i>.attn.rel_pos_h / rope.freqs); "
+                          "pass the winpos checkpoint converted for this preset (winpos-convert --to PRESET)")
     out = []
     for group in block_groups(net, image_size, trained_px):
         attn = net.blocks[group.blocks[0]].attn
         if group.term == "relpos":
-            out.append(relpos_report(attn, group))
+            mine = blocks.get(group.blocks[0], {})
+            tables = (mine["rel_pos_h"], mine["rel_pos_w"]) if "rel_pos_h" in mine and "rel_pos_w" in mine else None
+            out.append(relpos_report(attn, group, tables))
             continue
         if any(min(e) < 2 for e in (group.extent, group.trained_extent)):
             continue  # a 1-token extent has no offsets to read
         g = group.trained_extent
         note = f"global attention on {g[0]}x{g[1]} tokens at {trained_px} px, {source}"
-        modules = [_rope_module(net.blocks[i].attn) for i in group.blocks]
+        modules = [_rope_module(net.blocks[i].attn, blocks.get(i, {}).get("freqs")) for i in group.blocks]
         if all(exact for _, exact in modules) and attn.rope.kind == "mixed":  # learned per block: the worst one
             reps = [rope_report(rope, group, note) for rope, _ in modules]
             worst = max(range(len(reps)), key=lambda j: (int(reps[j].data["new_angles"].sum()),
                                                           float(reps[j].data["new"].step.max())))
             rep = reps[worst]
             rep.lines.append(f"learned frequencies differ by block: the numbers are block {group.blocks[worst]}'s, "
-                             "the one with the most new rotations")
+                             "the one with the most new rotations, then the fastest")
         else:
             rep = rope_report(modules[0][0], group, note)
             if not modules[0][1]:
