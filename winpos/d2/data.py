@@ -50,7 +50,9 @@ def register_coco(name: str, json_file, image_root, on_error: str = "skip", meta
     ``json_file``) read the cleaned json (``winpos.data.cleaned_json_file``: ``<cache_dir>/cleaned/<name>-<hash>.json``,
     ``cache_dir`` defaulting to $WINPOS_DATA or ~/.cache/winpos); ``source_json_file`` keeps the original path.
     Registering a name again replaces it. Metadata: thing_classes (by category id),
-    thing_dataset_id_to_contiguous_id, json_file, image_root, evaluator_type="coco", plus ``metadata``.
+    thing_dataset_id_to_contiguous_id, json_file, image_root, evaluator_type="coco", json_sha256 (of the source
+    json), has_masks and has_rle_masks (``winpos.d2.own_data.check_dataset_content`` reads them), plus
+    ``metadata``.
     """
     from detectron2.data import MetadataCatalog
     from detectron2.data.datasets import load_coco_json
@@ -71,7 +73,8 @@ def register_coco(name: str, json_file, image_root, on_error: str = "skip", meta
         thing_classes=[c["name"] for c in cats],
         thing_dataset_id_to_contiguous_id={c["id"]: i for i, c in enumerate(cats)},
         json_file=str(cleaned), image_root=str(image_root), evaluator_type="coco",
-        source_json_file=str(json_file), **copy.deepcopy(metadata or {}))
+        source_json_file=str(json_file), json_sha256=report.sha256, has_masks=report.has_masks,
+        has_rle_masks=report.has_rle, **copy.deepcopy(metadata or {}))
     return report
 
 
@@ -173,10 +176,13 @@ class WinposDatasetMapper(DatasetMapper):
 
 
 def build_lsj_mapper(is_train: bool = True, image_size: int = 1024, min_scale: float = 0.1, max_scale: float = 2.0,
-                     use_instance_mask: bool = True, image_format: str = "RGB") -> WinposDatasetMapper:
+                     use_instance_mask: bool = True, image_format: str = "RGB",
+                     instance_mask_format: str = "polygon") -> WinposDatasetMapper:
     """ViTDet's large-scale-jitter mapper: flip, resize by a random scale of ``image_size``, crop to
     ``image_size`` (no pad: the model pads). Box targets are recomputed from the cropped masks when masks are
     used (a crop cuts polygons, not boxes); without masks the cropped boxes are used as they are.
+    ``instance_mask_format``: detectron2's ``"polygon"`` or ``"bitmask"`` (needed for RLE masks; set from the data
+    by ``winpos.d2.own_data.check_dataset_content``)
     ``is_train=False`` gives the test mapper (``build_test_mapper``)."""
     if not is_train:
         return build_test_mapper(image_size, image_format)
@@ -187,7 +193,8 @@ def build_lsj_mapper(is_train: bool = True, image_size: int = 1024, min_scale: f
                           target_width=image_size),
             T.FixedSizeCrop(crop_size=(image_size, image_size), pad=False)]
     return WinposDatasetMapper(is_train=True, augmentations=augs, image_format=image_format,
-                               use_instance_mask=use_instance_mask, recompute_boxes=use_instance_mask)
+                               use_instance_mask=use_instance_mask, recompute_boxes=use_instance_mask,
+                               instance_mask_format=instance_mask_format)
 
 
 def build_test_mapper(image_size: int = 1024, image_format: str = "RGB") -> WinposDatasetMapper:

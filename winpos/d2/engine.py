@@ -111,9 +111,11 @@ def setup(args):
     detectron2's ``default_setup`` does but without writing ``config.yaml`` (``save_config`` does, later)."""
     register_cli_datasets(getattr(args, "dataset", None))
     cfg = load_config(args.config_file, args.opts)
-    from winpos.d2.own_data import check_num_classes
+    from winpos.d2.own_data import check_dataset_content, check_num_classes
 
-    check_num_classes(cfg, ("test",) if getattr(args, "eval_only", False) else ("train", "test"))  # before any work
+    which = ("test",) if getattr(args, "eval_only", False) else ("train", "test")
+    check_num_classes(cfg, which)  # before any work
+    check_dataset_content(cfg, which)  # RLE masks: bitmask; a mask model on data without masks: refused
     cfg.train.device = resolve_device(cfg)
     check_weights(cfg, eval_only=getattr(args, "eval_only", False),
                   random_weights=getattr(args, "random_weights", False))
@@ -166,6 +168,9 @@ def _default_setup(cfg, args) -> None:
                              force=getattr(args, "force", False), flag="--eval-only output")
         else:  # before log.txt: a folder holding another run, or in use by one, is refused untouched
             claim_run_dir(output_dir, resume=getattr(args, "resume", False), force=getattr(args, "force", False))
+            from winpos.d2.own_data import record_datasets
+
+            record_datasets(cfg, output_dir, resume=getattr(args, "resume", False))  # a resume on other data: refused
     rank = comm.get_rank()
     if output_dir:  # detectron2 appends to these itself: never through a link (into the file it points to)
         refuse_links(output_dir, ["log.txt" if rank == 0 else f"log.txt.rank{rank}", "metrics.json"])

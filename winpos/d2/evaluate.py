@@ -25,7 +25,7 @@ from detectron2.utils import comm
 from omegaconf import OmegaConf
 
 from winpos.d2.data import ensure_registered
-from winpos.d2.own_data import check_num_classes
+from winpos.d2.own_data import check_dataset_content, check_num_classes
 from winpos.errors import WinposError
 from winpos.output_folders import STAGING_PREFIX, claim_output_dir, publish_folder, refuse_links
 from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, refuse_linked_folders
@@ -314,6 +314,7 @@ def evaluate_checkpoint(config_file, checkpoint: str = "", overrides=(), sizes=N
     if compare_runs and not sizes:
         raise WinposError("--compare draws earlier sweeps next to this one: it needs --sizes")
     check_num_classes(cfg, ("test",))
+    check_dataset_content(cfg, ("test",))
     if fps:
         n = _count_test_images(cfg)
         if n <= warmup:
