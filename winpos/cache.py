@@ -5,8 +5,9 @@ One invalidation rule: an entry is keyed by the caller's key (grids, sizes) and 
 is computed from (device, dtype, storage pointer and in-place version counter). Editing such a tensor in place,
 loading a state dict into it, moving or casting the module all change the fingerprint, so a stale value is never
 returned; nothing has to be cleared by hand. Nothing is cached, the value is simply computed, while autograd records
-through one of those tensors (the value must carry the gradient) or while ``torch.compile`` traces (the graph
-computes it). Cached values never carry autograd history: tensors are stored detached.
+through one of those tensors (the value must carry the gradient) or while ``torch.compile`` or ``torch.jit.trace``
+(``torch.onnx.export``, TorchScript) traces: the graph computes it from the parameters instead of holding one grid's
+value, maybe left by an eager call, as a constant. Cached values never carry autograd history: tensors are stored detached.
 
 Each cache is bounded (least recently used entry evicted first) and frees the entry it evicts before building the
 new one, so a cache of size 1 never holds two large biases at once.
@@ -57,7 +58,7 @@ class GridCache:
 
         On the per-call path of attention (position inputs of every call), so written for a hit in about a
         microsecond: one lookup, fingerprints inline."""
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or torch.jit.is_tracing():
             return build()
         if torch.is_grad_enabled():
             for s in sources:

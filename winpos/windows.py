@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from winpos.errors import WinposError
 
-__all__ = ["PAD_MODES", "attention_groups", "pad_to_window", "padded_size", "valid_key_mask", "window_partition", "window_unpartition"]
+__all__ = ["PAD_MODES", "attention_groups", "ceil_div", "pad_to_window", "padded_size", "valid_key_mask", "window_partition", "window_unpartition"]
 
 PAD_MODES = ("zeros", "mask")
 
@@ -42,8 +42,19 @@ def attention_groups(q_hw, k_hw, window):
     return Hk // window, Wk // window, (qw, qw), (window, window), pool
 
 
+def ceil_div(size: int, step: int) -> int:
+    """``ceil(size / step)`` for a size >= 0 and a step > 0, written with non-negative operands only.
+
+    Under ``torch.jit.trace`` (``torch.onnx.export``) a grid size is a traced integer, and the ONNX export of ``//``
+    on a negative one truncates instead of flooring: ``-(-4 // 14)`` gave 0, a negative pad, a grid of 0 windows and
+    onnxruntime's 'Integer division by zero'. Every ceil of a grid size on a model's forward path goes through here.
+    """
+    return (size + step - 1) // step
+
+
 def padded_size(size: int, window: int) -> int:
-    return -(-size // window) * window
+    """``size`` rounded up to a multiple of ``window``."""
+    return ceil_div(size, window) * window
 
 
 def pad_to_window(x: torch.Tensor, window) -> tuple[torch.Tensor, tuple[int, int]]:

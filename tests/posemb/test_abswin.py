@@ -122,12 +122,21 @@ def test_bad_inputs():
 
 def test_cached_embeddings_never_carry_requires_grad_into_inference():
     """At the stored grid the plain embedding is a view of its parameter; the cached inference result must be
-    detached (a jit trace after a cached forward used to fail on a grad-requiring constant)."""
+    detached (a jit trace after a cached forward used to fail on a grad-requiring constant). While tracing nothing
+    is read from the cache: the graph computes the embedding from the module's parameters."""
     from winpos.posemb.abswin import AbsPosEmbed
+
+    class AddEmbedding(torch.nn.Module):
+        def __init__(self, embed, hw):
+            super().__init__()
+            self.embed, self.hw = embed, hw
+
+        def forward(self, x):
+            return x + self.embed(self.hw)
 
     for mod, hw in ((AbsPosEmbed(4, (6, 6)), (6, 6)), (AbsWinPosEmbed(4, 8, 7), (8, 8))):
         with torch.no_grad():
             out = mod(hw)
             assert not out.requires_grad
-            traced = torch.jit.trace(lambda x: x + mod(hw), torch.zeros(1, *hw, 4), check_trace=False)
+            traced = torch.jit.trace(AddEmbedding(mod, hw), torch.zeros(1, *hw, 4), check_trace=False)
         torch.testing.assert_close(traced(torch.zeros(1, *hw, 4)), out)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from winpos.windows import attention_groups, valid_key_mask, window_partition, window_unpartition
+from winpos.windows import attention_groups, ceil_div, valid_key_mask, window_partition, window_unpartition
 
 __all__ = ["Geometry", "from_groups", "geometry", "padding_mask", "to_groups"]
 
@@ -57,7 +57,7 @@ def padding_mask(geo: Geometry, q_hw, k_hw, valid_hw, device) -> torch.Tensor | 
     if tuple(valid_hw) == tuple(k_hw):
         return None
     stride = k_hw[0] // q_hw[0]
-    q_valid_hw = (-(-valid_hw[0] // stride), -(-valid_hw[1] // stride))
+    q_valid_hw = (ceil_div(valid_hw[0], stride), ceil_div(valid_hw[1], stride))
     if geo.windowed:
         k_valid = valid_key_mask(k_hw, valid_hw, geo.k_window[0], device)
         q_valid = valid_key_mask(q_hw, q_valid_hw, geo.q_window[0], device)

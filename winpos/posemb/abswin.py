@@ -20,6 +20,7 @@ import torch.nn as nn
 from winpos.cache import GridCache
 from winpos.errors import WinposError, as_hw, check_choice, check_finite
 from winpos.posemb.interp import interpolate_abs, resize_grid
+from winpos.windows import ceil_div
 
 __all__ = ["AbsPosEmbed", "AbsWinPosEmbed", "abs_to_abswin", "abswin_embedding", "abswin_recursive", "tile_to_grid"]
 
@@ -28,8 +29,8 @@ def tile_to_grid(window_embed: torch.Tensor, hw) -> torch.Tensor:
     """Tile an NCHW ``(1, C, wh, ww)`` embedding from (0, 0) over an ``(H, W)`` grid, with ceil and crop."""
     H, W = as_hw(hw, "token grid")
     wh, ww = window_embed.shape[-2:]
-    reps = (-(-H // wh), -(-W // ww))
-    return window_embed.tile(1, 1, *reps)[..., :H, :W]
+    reps = (ceil_div(H, wh), ceil_div(W, ww))
+    return window_embed.repeat(1, 1, *reps)[..., :H, :W]
 
 
 def abswin_embedding(global_embed: torch.Tensor, window_embed: torch.Tensor, hw, antialias: bool = False) -> torch.Tensor:

@@ -91,7 +91,8 @@ def interpolate_abs(
     Returns:
         ``(1, H, W, C)`` embedding in the input dtype.
     """
-    if not torch.compiler.is_compiling():  # a data-dependent check: eager only, a compiled graph cannot branch on it
+    if not (torch.compiler.is_compiling() or torch.jit.is_tracing()):
+        # a data-dependent check: eager only, a compiled or traced graph cannot branch on it
         check_finite("pos_embed", pos_embed)
     if pos_embed.dim() == 3:
         grid = flat_to_grid(split_cls(pos_embed, has_cls)[1], src_hw)

@@ -184,10 +184,11 @@ def rotate_grid(x: Tensor, cos: Tensor, sin: Tensor, rot_dims: int, pairing: str
         pick = (slice(0, rot_dims, 2), slice(1, rot_dims, 2))
     a, b = x[..., pick[0]].to(compute), x[..., pick[1]].to(compute)
     c, s = cos.to(compute), sin.to(compute)
-    if compute == x.dtype and not torch.compiler.is_compiling() and not (
+    if compute == x.dtype and not torch.compiler.is_compiling() and not torch.jit.is_tracing() and not (
             torch.is_grad_enabled() and (x.requires_grad or c.requires_grad or s.requires_grad)):
         # Inference in fp32: write each rotated half in place (a multiply and a fused multiply-add), no temporaries.
-        # (Not while compiling: strided out= breaks the graph, and the compiler fuses the expression below anyway.)
+        # (Not while compiling: strided out= breaks the graph, and the compiler fuses the expression below anyway;
+        # not while tracing: torch.onnx.export loses writes into views of out, so the rotation never reached out.)
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         if rot_dims < x.shape[-1]:
             out[..., rot_dims:] = x[..., rot_dims:]
