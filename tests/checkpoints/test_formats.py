@@ -43,6 +43,8 @@ CASES = {
     "eva02": _vit_trunk(pos_embed=torch.zeros(1, 257, C), cls_token=torch.zeros(1, 1, C),
                         **{"blocks.0.attn.q_bias": torch.zeros(C)}),
     "rope_vit": _vit_trunk(cls_token=torch.zeros(1, 1, C), freqs=torch.zeros(2, 12, C // 2)),
+    "sam3": {"model": {f"detector.backbone.vision_backbone.trunk.{k}": v for k, v in _vit_trunk(
+        pos_embed=torch.zeros(1, 577, C), **{"ln_pre.weight": torch.ones(C)}).items()}},
 }
 
 

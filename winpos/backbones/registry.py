@@ -26,7 +26,8 @@ __all__ = ["PRESETS", "build_preset", "create", "list_presets", "register_family
 PRESETS: dict[str, Callable[..., nn.Module]] = {}
 
 # Model files that register presets when imported.
-_MODEL_MODULES = ("winpos.backbones.vitdet", "winpos.backbones.hieradet", "winpos.backbones.rope_vits")
+_MODEL_MODULES = ("winpos.backbones.vitdet", "winpos.backbones.hieradet", "winpos.backbones.rope_vits",
+                  "winpos.backbones.sam3_encoder")
 
 
 def register_preset(name: str):

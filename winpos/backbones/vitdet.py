@@ -42,9 +42,9 @@ __all__ = ["ViTDet", "ViTDetBlock", "RECIPES", "SIZES"]
 class PatchEmbed(nn.Module):
     """Non-overlapping patch projection: ``(B, in_chans, H, W) -> (B, H/p, W/p, dim)`` (detectron2 layout)."""
 
-    def __init__(self, patch_size: int, in_chans: int, dim: int):
+    def __init__(self, patch_size: int, in_chans: int, dim: int, bias: bool = True):
         super().__init__()
-        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, dim, kernel_size=patch_size, stride=patch_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Contiguous (B, H, W, C): a permuted NCHW view would hand its channels-first strides to every residual
@@ -127,6 +127,9 @@ class ViTDet(WindowedBackbone):
             block (SwiGLU MLP and its width and sub-LN, no key bias); None: detectron2's block.
         weight_init: ``"trunc_normal"`` (detectron2) or ``"default"`` (PyTorch's); see ``common.init_weights``.
         use_checkpoint: activation checkpointing per block while gradients are recorded.
+        ln_pre: a LayerNorm (``norm_eps``) on the tokens after the token embedding, before the first block (SAM3's
+            encoder, ``ln_pre``); False: detectron2's ViT, which has none.
+        patch_bias: the patch projection has a bias (detectron2, MAE); SAM3's encoder has none.
     Forward: ``(B, in_chans, H, W) -> (B, embed_dim, H/16, W/16)``.
     """
 
@@ -135,7 +138,7 @@ class ViTDet(WindowedBackbone):
                  global_blocks=(2, 5, 8, 11), pos_embed="abs", window_pos="relpos", global_pos="relpos",
                  pretrain_img_size=224, pretrain_use_cls_token=True, pos_global_size=14, pos_antialias=False,
                  pos_init_std=0.02, pad_mode="zeros", layer_scale_init=None, weight_init="trunc_normal",
-                 use_checkpoint=False, block=None):
+                 use_checkpoint=False, block=None, ln_pre=False, patch_bias=True):
         super().__init__()
         self._validate(embed_dim, depth, num_heads, patch_size, window_size, global_blocks, pos_embed, pad_mode)
         img_hw = as_hw(img_size, "img_size")
@@ -153,12 +156,13 @@ class ViTDet(WindowedBackbone):
         self.pretrain_hw = (pre_hw[0] // patch_size, pre_hw[1] // patch_size)
         self.grid_hw = (img_hw[0] // patch_size, img_hw[1] // patch_size)
 
-        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, bias=patch_bias)
         # ViTDet has one window, the pretraining grid: it sizes the abs-win window embedding and is the period.
         self.pos_embed = make_token_embedding(
             pos_embed, embed_dim, pretrain_hw=self.pretrain_hw, window_size=window_size, global_size=pos_global_size,
             base_hw=self.pretrain_hw, antialias=pos_antialias, init_std=pos_init_std, global_init_std=0.0,
             has_cls=pretrain_use_cls_token)
+        self.ln_pre = nn.LayerNorm(embed_dim, eps=norm_eps) if ln_pre else None
         # device explicit: works under a meta device
         dpr = torch.linspace(0, check_drop_path_rate(drop_path_rate), depth, device="cpu").tolist()
         self.blocks = nn.ModuleList()
@@ -201,6 +205,8 @@ class ViTDet(WindowedBackbone):
         x = self.patch_embed(x)  # (B, H, W, C)
         if self.pos_embed is not None:
             x = x + self.pos_embed((x.shape[1], x.shape[2]))
+        if self.ln_pre is not None:
+            x = self.ln_pre(x)
         for blk in self.blocks:
             x = self.run_block(blk, x)
         return x.permute(0, 3, 1, 2)  # (B, C, H, W)

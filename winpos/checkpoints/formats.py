@@ -25,6 +25,8 @@ format                    recognised by
 ``eva02``                 EVA-02 (MIM, timm or ``backbone.net.``): a query / value bias without a key bias
                           (``attn.q_bias``, ``attn.q_proj``) or a SwiGLU MLP (``mlp.w12`` / ``w1`` / ``fc1_g``,
                           ``ffn_ln``)
+``sam3``                  SAM3's image encoder (bare, or under ``detector.backbone.vision_backbone.trunk.`` in a whole
+                          SAM3 file): ``ln_pre`` beside ``patch_embed.proj`` and ``blocks.0.attn.qkv`` (``sam3_trunk``)
 ``rope_vit``              RoPE-ViT (naver-ai, timm): learned mixed frequencies (``freqs`` / ``rope.freqs``), or DeiT-III
                           LayerScale (``blocks.N.gamma_1``) with a ``cls_token`` and no cls row in an optional
                           ``pos_embed`` (a DeiT-III file has the same keys: name ``--format mae`` for it)
@@ -45,7 +47,7 @@ import torch
 from winpos.errors import WinposError
 
 __all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "parse_format",
-           "rope_family"]
+           "check_named_family", "rope_family", "sam3_trunk"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class Format(str, enum.Enum):
     DINOV3 = "dinov3"
     EVA02 = "eva02"
     ROPE_VIT = "rope_vit"
+    SAM3 = "sam3"
 
     def __str__(self) -> str:
         return self.value
@@ -113,6 +116,8 @@ _SPECS = {
                                                            "tokens, LayerScale; no position embedding)"),
     Format.EVA02: FormatSpec("vit", 16, 14, False, False, "EVA-02 ViT (patch 14, RoPE rescaled to the pretraining "
                                                           "grid, SwiGLU, pos_embed (1, 1+N, C))"),
+    Format.SAM3: FormatSpec("vit", 24, 14, False, False, "SAM3 image encoder (ViT-L/14, windows of 24, tiled abs "
+                                                         "embedding, RoPE rescaled into the window)"),
     Format.ROPE_VIT: FormatSpec("vit", 14, 16, False, False, "RoPE-ViT (axial or mixed RoPE on integer positions, "
                                                              "LayerScale, optional pos_embed (1, N, C))"),
 }
@@ -162,6 +167,17 @@ def is_lookhere_container(obj: Any) -> bool:
             and "head_directions" in obj["config"])
 
 
+def sam3_trunk(sd: dict) -> str | None:
+    """The prefix of SAM3's image encoder in ``sd`` (``""`` for a bare encoder), or None. Told by a ``ln_pre`` norm
+    beside ``patch_embed.proj`` and ``blocks.0.attn.qkv`` under one prefix: no other supported ViT has ``ln_pre``."""
+    for key in sd:
+        if key.endswith("ln_pre.weight"):
+            prefix = key[: -len("ln_pre.weight")]
+            if f"{prefix}patch_embed.proj.weight" in sd and f"{prefix}blocks.0.attn.qkv.weight" in sd:
+                return prefix
+    return None
+
+
 def rope_family(sd: dict) -> Format | None:
     """The RoPE-pretrained ViT family a flat state dict belongs to (DINOv3, EVA-02, RoPE-ViT), in either its authors'
     layout or timm's, or None. Each is told by keys no other supported format has."""
@@ -185,6 +201,21 @@ def rope_family(sd: dict) -> Format | None:
     return None
 
 
+def check_named_family(obj: Any, fmt: Format) -> None:
+    """Refuse a file named as one RoPE-pretrained family (``--format dinov3 / eva02 / rope_vit``) whose keys are
+    another's or none of theirs: each adapter would read it into a broken trunk."""
+    from winpos.checkpoints.io import unwrap_state_dict
+
+    if fmt not in _ROPE_FAMILIES or is_lookhere_container(obj):
+        return
+    found = rope_family(unwrap_state_dict(obj, source="checkpoint"))
+    if found != fmt:
+        seen = f"format {found} ({found.spec.describe})" if found else "none of dinov3 / eva02 / rope_vit"
+        raise WinposError(f"--format {fmt} (format={str(fmt)!r}) names a {fmt} checkpoint, but by its keys the file is "
+                          f"{seen}; pass --format {found or 'auto'}")
+
+
+_ROPE_FAMILIES = (Format.DINOV3, Format.EVA02, Format.ROPE_VIT)
 _EVA02_KEYS = (".attn.q_bias", ".attn.q_proj.weight", ".mlp.w12.weight", ".mlp.w1.weight", ".mlp.fc1_g.weight",
                ".mlp.ffn_ln.weight")
 
@@ -211,6 +242,8 @@ def detect(obj: Any) -> Format:
     lasts = {_last(k) for k in keys}
     if any(k.endswith(WINPOS_POSITION_KEYS) for k in keys):
         return Format.WINPOS
+    if sam3_trunk(sd) is not None:
+        return Format.SAM3
     family = rope_family(sd)
     if family is not None:
         return family

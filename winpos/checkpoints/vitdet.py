@@ -29,7 +29,7 @@ from winpos.errors import WinposError
 __all__ = ["vit_format", "convert_detectron2_vit", "convert_sam_image_encoder", "convert_mae_vit",
            "convert_winpos_vitdet", "convert_to_vitdet", "load_vitdet_weights", "load_vitdet_checkpoint"]
 
-SOURCES = ("detectron2", "sam", "mae", "winpos", "dinov3", "eva02", "rope_vit")
+SOURCES = ("detectron2", "sam", "mae", "winpos", "dinov3", "eva02", "rope_vit", "sam3")
 
 
 def vit_format(state_dict) -> Format:

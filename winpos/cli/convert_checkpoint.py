@@ -25,7 +25,7 @@ SUFFIXES = (".safetensors", ".pth", ".pt")
 POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
 # winpos.checkpoints.formats.FORMATS, written out so that --help imports no torch (a test keeps them equal)
 FORMATS = ("sam2", "hiera", "timm_hiera", "timm_abswin", "sam", "mae", "detectron2", "winpos", "lookhere", "dinov3",
-           "eva02", "rope_vit")
+           "eva02", "rope_vit", "sam3")
 
 
 def build_parser():

@@ -4,7 +4,8 @@
 Layer ids inside a winpos backbone (found by type anywhere in the model, so the rule does not depend on how the
 detector names its modules):
 
-- ``patch_embed.*`` and token embeddings (``*pos_embed*``): 0;
+- ``patch_embed.*``, token embeddings (``*pos_embed*``) and the norm before the first block (``ln_pre.*``, SAM3's
+  encoder): 0;
 - ``blocks.{i}.*``: ``i + 1`` (this is detectron2's ``get_vit_lr_decay_rate`` for ViTDet, and the per-block id
   for HieraDet, whose blocks run through all four stages);
 - anything else in the backbone, and every module outside it (adapter norms, FPN, heads): ``num_layers + 1``.
@@ -73,7 +74,7 @@ def layer_ids(model: nn.Module, position_layer: str = "block") -> dict[str, tupl
         for name, _ in net.named_parameters():
             full = f"{prefix}.{name}" if prefix else name
             block = _BLOCK.match(name)
-            if name.startswith("patch_embed.") or "pos_embed" in name:
+            if name.startswith(("patch_embed.", "ln_pre.")) or "pos_embed" in name:
                 lid = 0
             elif is_position_param(name) and position_layer == "zero":
                 lid = 0

@@ -7,7 +7,7 @@ checkpoint format is one new file here with an ``adapt(state_dict) -> Adapted`` 
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters import (detectron2, dinov3, eva02, hiera, lookhere, mae, rope_vit, sam, sam2,
+from winpos.checkpoints.adapters import (detectron2, dinov3, eva02, hiera, lookhere, mae, rope_vit, sam, sam2, sam3,
                                         timm_abswin, winpos_native)
 from winpos.checkpoints.convert import Adapted
 from winpos.checkpoints.formats import Format
@@ -25,6 +25,7 @@ ADAPTERS = {
     Format.DINOV3: dinov3.adapt,
     Format.EVA02: eva02.adapt,
     Format.ROPE_VIT: rope_vit.adapt,
+    Format.SAM3: sam3.adapt,
 }
 
 

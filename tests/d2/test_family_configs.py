@@ -1,0 +1,96 @@
+"""COCO recipes of the RoPE-era trunks, by name: each instantiates at full size (meta parameters), saves to and
+rebuilds from ``config.yaml``, takes layer-wise lr decay over its own depth, and trains five iterations on the CPU
+from a converted random-init checkpoint in its authors' layout, loaded by the same ``train.init_checkpoint`` path
+as a real run (``winpos.d2.checkpoint.load_init_checkpoint``).
+
+The CPU runs use the config by name with overrides: the family's toy trunk (the same block kinds at width 128), a
+128 px canvas and fewer proposals (``CPU_HEADS``); the batch is two synthetic images with two objects each.
+"""
+import pytest
+import torch
+from detectron2.config import instantiate
+from detectron2.utils.events import EventStorage
+
+from tests.conftest import require
+from tests.d2.test_configs import CONFIGS, FAMILY_COCO, _saved_and_reloaded, _synthetic_batch, meta_parameters
+from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
+from winpos.d2.optim import layer_ids
+from winpos.model_zoo import get_config, list_configs
+
+SAM3 = ["COCO/mask_rcnn_vitdet_sam3_100ep.py", "COCO/cascade_mask_rcnn_vitdet_sam3_100ep.py"]
+# Fewer proposals and sampled RoIs than COCO's 2000 / 512: the heads' cost, not the trunk's, dominates a CPU step.
+CPU_HEADS = ["model.proposal_generator.pre_nms_topk=[200,200]", "model.proposal_generator.post_nms_topk=[64,64]",
+             "model.roi_heads.batch_size_per_image=64"]
+
+
+TESTED = SAM3
+
+
+def test_every_family_config_is_tested_here():
+    found = sorted(p.relative_to(CONFIGS).as_posix() for p in FAMILY_COCO)
+    assert found and set(found) <= set(TESTED), sorted(set(found) - set(TESTED))
+
+
+@pytest.mark.parametrize("name", SAM3)
+def test_sam3_recipe_instantiates_by_name_at_full_size(name, tmp_path):
+    assert name in list_configs()
+    cfg = get_config(name)
+    again = _saved_and_reloaded(cfg, tmp_path)
+    with meta_parameters():
+        model = instantiate(cfg.model)
+        reloaded = instantiate(again.model)
+    assert {k: v.shape for k, v in model.state_dict().items()} == \
+        {k: v.shape for k, v in reloaded.state_dict().items()}
+    net = model.backbone.net.net
+    assert (net.depth, net.embed_dim, net.patch_size, net.window_size, net.global_blocks) == \
+        (32, 1024, 16, 24, (7, 15, 23, 31))
+    assert net.ln_pre is not None and net.patch_embed.proj.bias is None and net.pos_embed_kind == "abswin"
+    assert [s.stride for s in model.backbone.output_shape().values()] == [4, 8, 16, 32, 64]
+    assert ("cascade" in name) == (type(model.roi_heads).__name__ == "CascadeROIHeads")
+    ids = layer_ids(model)
+    assert ids["backbone.net.net.ln_pre.weight"] == (0, 32) == ids["backbone.net.net.patch_embed.proj.weight"]
+    assert ids["backbone.net.net.blocks.31.mlp.fc2.weight"] == (32, 32)
+    assert cfg.optimizer.params.lr_decay_rate == 0.9 and cfg.train.init_checkpoint == "sam3.pt"
+
+
+def _sam3_file(path):
+    """A random-init SAM3 encoder at the toy width, saved as a whole SAM3 checkpoint (``{"model": ...}`` with the
+    encoder under ``detector.backbone.vision_backbone.trunk.`` and a key of SAM3's neck beside it)."""
+    from tests.checkpoints.test_sam3_encoder import SAM3_SETTINGS, TOY
+
+    vitdet = require("sam3.model.vitdet")
+    torch.manual_seed(0)
+    trunk = vitdet.ViT(img_size=336, **SAM3_SETTINGS, **TOY).state_dict()
+    whole = {f"detector.backbone.vision_backbone.trunk.{k}": v for k, v in trunk.items()}
+    whole["detector.backbone.vision_backbone.convs.0.dconv_2x2.weight"] = torch.zeros(8, 8, 2, 2)
+    torch.save({"model": whole}, path)
+    return trunk
+
+
+def test_sam3_recipe_trains_five_iterations_from_a_converted_checkpoint(tmp_path):
+    from winpos.checkpoints.convert import resample_patch_kernel
+
+    trunk = _sam3_file(tmp_path / "sam3.pt")
+    cfg = get_config(SAM3[0], ["model.backbone.net.net=vitdet_sam3_toy", "model.backbone.square_pad=128", *CPU_HEADS,
+                               f"train.init_checkpoint={tmp_path / 'sam3.pt'}"])
+    torch.manual_seed(0)
+    model = instantiate(cfg.model).train()
+    report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
+    assert "winpos importer (sam3)" in report
+    net = model.backbone.net.net
+    torch.testing.assert_close(net.patch_embed.proj.weight.detach(),
+                               resample_patch_kernel(trunk["patch_embed.proj.weight"], (16, 16)), rtol=0, atol=0)
+    torch.testing.assert_close(net.blocks[3].mlp.fc2.weight.detach(), trunk["blocks.3.mlp.fc2.weight"], rtol=0, atol=0)
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    for it in range(5):
+        with EventStorage(it):
+            losses = model(_synthetic_batch(n=2, num_classes=cfg.model.roi_heads.num_classes))
+        total = sum(losses.values())
+        assert torch.isfinite(total), losses
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+    moved = [n for n, p in net.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert "ln_pre.weight" in moved and "blocks.0.attn.qkv.weight" in moved and "pos_embed.window_embed" in moved
