@@ -11,6 +11,7 @@ import torch
 
 from winpos.backbones import create
 from winpos.d2.doctor import diagnose
+from winpos.errors import WinposError
 from winpos.diagnostics.terms import position_terms
 from winpos.posemb.rope import COORDS, KINDS, RoPE
 
@@ -208,6 +209,12 @@ def test_checkpoint_supplies_learned_frequencies_and_table_lengths(tmp_path):
     r = diagnose("vitdet_toy", 1024, checkpoint=str(tmp_path / "relpos.pth"))  # the preset itself sizes 127
     assert _terms(r)[("relpos", "global")].data["stored"] == (27, 27) and "27 -> 127" in r.text()
     assert _terms(diagnose("vitdet_toy", 1024))[("relpos", "global")].level == "OK"
-    with pytest.raises(Exception, match="no block position entries"):
+    shared = create("vitdet_toy", recipe="rope", pos_embed="none",
+                    window_pos={"kind": "rope", "rope": {"kind": "mixed"}}, global_pos={"kind": "rope",
+                                                                                       "rope": {"kind": "mixed"}})
+    torch.save(shared.state_dict(), tmp_path / "shared.pth")  # one frequency set for all heads: not this model's
+    with pytest.raises(WinposError, match=r"frequencies have shape \(2, 1, 8\), the model's \(2, 3, 8\)"):
+        diagnose("vitdet_toy", 224, recipe="rope", overrides=overrides, checkpoint=str(tmp_path / "shared.pth"))
+    with pytest.raises(WinposError, match="no block position entries"):
         torch.save({"w": torch.zeros(1)}, tmp_path / "none.pth")
         diagnose("vitdet_toy", 1024, checkpoint=str(tmp_path / "none.pth"))
