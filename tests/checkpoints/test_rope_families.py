@@ -163,3 +163,118 @@ def test_parity_b_and_l_at_a_small_image(name, preset, recipe, fmt, layout):
     # B and L: every key mapped, one forward at 112 px (EVA-02: 98 px, 7 x 7 patches of 14)
     size = 98 if fmt == "eva02" else 112
     _parity(name, preset, recipe, fmt, size, layout)
+
+
+# ------------------------------------------------------------------------------ windows: an independent reference
+def _angles(conv, extent, head_dim, freqs=None):
+    """Rotation angles ``(1 | heads, N, D/2)`` of the tokens of one attention extent (a window, or the whole grid)
+    under each family's convention, written out from the papers' formulas."""
+    H, W = extent
+    ys, xs = torch.meshgrid(torch.arange(H, dtype=torch.float64), torch.arange(W, dtype=torch.float64),
+                            indexing="ij")
+    y, x = ys.flatten()[:, None], xs.flatten()[:, None]
+    i = torch.arange(head_dim // 4, dtype=torch.float64) / (head_dim // 4)
+    if conv == "dinov3":  # centered in [-1, 1], periods 100^(i/n)
+        cy, cx = 2 * (y + 0.5) / H - 1, 2 * (x + 0.5) / W - 1
+        return torch.cat([cy * 2 * math.pi / 100 ** i, cx * 2 * math.pi / 100 ** i], -1)[None]
+    if conv == "eva02":  # rescaled into the 16 x 16 pretraining grid, base 10000, y first
+        return torch.cat([y * 16 / H / 10000 ** i, x * 16 / W / 10000 ** i], -1)[None]
+    if conv == "axial":  # integer positions, base 100, x first
+        return torch.cat([x / 100 ** i, y / 100 ** i], -1)[None]
+    f = freqs.double()  # mixed: (2, heads, D/2) as (f_y, f_x)
+    return y[None] * f[0][:, None] + x[None] * f[1][:, None]
+
+
+def _rotate(t, ang, pairing):
+    """t (B, heads, N, D) rotated by ang (1 | heads, N, D/2): pairs (2j, 2j+1) or (j, j + D/2)."""
+    d = t.shape[-1]
+    if pairing == "interleaved":
+        a, b = t[..., 0::2], t[..., 1::2]
+    else:
+        a, b = t[..., : d // 2], t[..., d // 2:]
+    z = torch.complex(a, b) * torch.polar(torch.ones_like(ang), ang)
+    if pairing == "interleaved":
+        return torch.stack([z.real, z.imag], -1).flatten(-2)
+    return torch.cat([z.real, z.imag], -1)
+
+
+def _reference(model, sd, x, conv, pairing):
+    """The intended computation of a windowed ViTDet from the weights ``sd`` (float64): patchify, token embedding
+    (abs: bicubic-resized to the grid; abs-win: window part tiled + global part resized), then per block: LN, zero-pad to whole windows, attention inside each window (or over
+    the grid in global blocks) with q / k rotated at positions local to the extent, no key bias, LayerScale, MLP."""
+    sd = {k: v.double() for k, v in sd.items()}
+    eps, heads, ws = model.blocks[0].norm1.eps, model.num_heads, model.window_size
+    h = F.conv2d(x.double(), sd["patch_embed.proj.weight"], sd["patch_embed.proj.bias"], stride=model.patch_size)
+    if "pos_embed.pos_embed" in sd:
+        ph, pw = model.pretrain_hw
+        grid = sd["pos_embed.pos_embed"][:, -ph * pw:].reshape(1, ph, pw, -1).permute(0, 3, 1, 2)
+        h = h + F.interpolate(grid, size=h.shape[-2:], mode="bicubic", align_corners=False)
+    if "pos_embed.window_embed" in sd:  # abs-win: the window embedding tiled from the origin + the global one resized
+        win, hw = sd["pos_embed.window_embed"], h.shape[-2:]
+        tiled = win.repeat(1, 1, -(-hw[0] // win.shape[-2]), -(-hw[1] // win.shape[-1]))[..., : hw[0], : hw[1]]
+        h = h + tiled + F.interpolate(sd["pos_embed.global_embed"], size=hw, mode="bicubic", align_corners=False)
+    h = h.permute(0, 2, 3, 1)
+    B, H, W, C = h.shape
+    D = C // heads
+    for i in range(model.depth):
+        p = lambda name: sd[f"blocks.{i}.{name}"]  # noqa: E731
+        u = F.layer_norm(h, (C,), p("norm1.weight"), p("norm1.bias"), eps)
+        glob = i in model.global_blocks
+        if not glob:  # zero-pad after the norm, then cut ws x ws windows
+            Hp, Wp = -(-H // ws) * ws, -(-W // ws) * ws
+            u = F.pad(u, (0, 0, 0, Wp - W, 0, Hp - H))
+            u = u.reshape(B, Hp // ws, ws, Wp // ws, ws, C).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, C)
+            extent = (ws, ws)
+        else:
+            u, extent = u.reshape(B, H * W, C), (H, W)
+        bias = p("attn.qkv.bias").clone() if f"blocks.{i}.attn.qkv.bias" in sd else torch.zeros(3 * C).double()
+        if model.block_options.k_bias is False:
+            bias[C:2 * C] = 0
+        q, k, v = (u @ p("attn.qkv.weight").T + bias).reshape(u.shape[0], -1, 3, heads, D).permute(2, 0, 3, 1, 4)
+        ang = _angles(conv, extent, D, sd.get(f"blocks.{i}.attn.rope.freqs"))
+        q, k = _rotate(q, ang, pairing), _rotate(k, ang, pairing)
+        o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(D), -1) @ v
+        o = o.transpose(1, 2).reshape(u.shape[0], -1, C) @ p("attn.proj.weight").T + p("attn.proj.bias")
+        if not glob:
+            o = o.reshape(B, Hp // ws, Wp // ws, ws, ws, C).permute(0, 1, 3, 2, 4, 5).reshape(B, Hp, Wp, C)
+            o = o[:, :H, :W]
+        else:
+            o = o.reshape(B, H, W, C)
+        h = h + sd.get(f"blocks.{i}.ls1.gamma", 1) * o
+        u = F.layer_norm(h, (C,), p("norm2.weight"), p("norm2.bias"), eps)
+        u = u @ p("mlp.fc1.weight").T + p("mlp.fc1.bias")
+        if model.block_options.mlp == "swiglu":
+            gate, val = u.chunk(2, -1)
+            u = F.silu(gate) * val
+            if f"blocks.{i}.mlp.norm.weight" in sd:
+                u = F.layer_norm(u, (u.shape[-1],), p("mlp.norm.weight"), p("mlp.norm.bias"), eps)
+        else:
+            u = F.gelu(u)
+        h = h + sd.get(f"blocks.{i}.ls2.gamma", 1) * (u @ p("mlp.fc2.weight").T + p("mlp.fc2.bias"))
+    return h.permute(0, 3, 1, 2)
+
+
+WINDOWED = [  # (preset, recipe, convention, pairing)
+    ("vitdet_dinov3_s", "original", "dinov3", "half"),
+    ("vitdet_eva02_t", "original", "eva02", "interleaved"),
+    ("vitdet_eva02_b", "paper", "eva02", "interleaved"),
+    ("vitdet_ropevit_s", "original", "axial", "interleaved"),
+    ("vitdet_ropevit_s", "mixed_ape", "mixed", "interleaved"),
+]
+
+
+@pytest.mark.parametrize("preset,recipe,conv,pairing", WINDOWED, ids=[f"{c[0]}-{c[1]}" for c in WINDOWED])
+def test_windowed_presets_equal_the_reference(preset, recipe, conv, pairing):
+    # 288 px: an 18 x 18 grid, windows of 14 (16 for EVA-02) padded, global blocks off the pretraining grid
+    small = {"depth": 4, "global_blocks": (1, 3)}
+    if preset.endswith("_b"):
+        small.update(embed_dim=192, num_heads=3)  # the B block (sub-LN SwiGLU) at a CPU-sized width
+    torch.manual_seed(0)
+    # qkv_bias on everywhere (DINOv3-S has none): a random key bias that DINOv3 / EVA-02 must hold at zero
+    model = randomize(create(preset, recipe=recipe, img_size=288, qkv_bias=True, **small))
+    x = torch.randn(1, 3, 288, 288, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ours, ref = model(x), _reference(model, model.state_dict(), x, conv, pairing)
+    err = (ours.double() - ref).abs().max().item()
+    print(f"WINDOWED {preset} {recipe} max_abs={err:.2e} (scale {ref.abs().max().item():.1f})")
+    assert err <= TOL, err

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from winpos.backbones.common import may_keep_init
 from winpos.checkpoints.adapters.winpos_native import trunk_prefix
-from winpos.checkpoints.formats import FORMATS, Format, detect, parse_format
+from winpos.checkpoints.formats import FORMATS, Format, check_named_family, detect, parse_format
 from winpos.checkpoints.io import (check_finite_state_dict, load_checkpoint_object, load_state_dict_file,
                                    unwrap_state_dict)
 from winpos.checkpoints.report import LoadReport
@@ -77,6 +77,8 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         else path_or_state_dict
     if fmt == "auto":
         fmt = detect(obj)
+    else:
+        check_named_family(obj, fmt)
     if fmt == Format.LOOKHERE:  # the authors' LookHere ViT-B: its config decides how the target is built
         from winpos.checkpoints.lookhere import convert_lookhere_checkpoint
 

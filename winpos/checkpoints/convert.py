@@ -343,9 +343,11 @@ class _Run:
                 if key not in self.out and key not in noted:
                     self.report.add_missing(key, _missing_reason(key))
                     if not may_keep_init(key):
-                        self.report.add_lost(key, "a trunk weight of the target that the source lacks: it would stay "
-                                                  "at its initialization")
+                        self.report.add_lost(key, _AT_INIT + ": it would stay at its initialization")
         return self.out, self.report
+
+
+_AT_INIT = "a trunk weight of the target that the source lacks"
 
 
 def _missing_reason(key: str) -> str:
@@ -375,13 +377,20 @@ def resample_patch_kernel(weight: torch.Tensor, size) -> torch.Tensor:
 def check_no_loss(report: LoadReport, allow_loss: bool = False) -> None:
     """Refuse a partial conversion: ``report.lost`` non-empty raises a ``WinposError`` naming what would be lost
     (``allow_loss``: accept it; the caller records ``report.lost``)."""
-    if report.lost and not allow_loss:
-        names = "; ".join(f"{k} ({why.split(':')[0]})" for k, why in report.lost[:6])
-        more = f" and {len(report.lost) - 6} more" if len(report.lost) > 6 else ""
-        raise WinposError(f"the conversion {report.source} -> {report.target} would lose {len(report.lost)} trunk "
-                          f"weights: {names}{more}; convert to a target that holds them (a family preset, see "
-                          "winpos.backbones.list_presets()), or pass --allow-loss (allow_loss=True) to accept the loss, "
-                          "which is recorded in the output")
+    if not report.lost or allow_loss:
+        return
+    at_init = [k for k, why in report.lost if why.startswith(_AT_INIT)]
+    dropped = [k for k, why in report.lost if not why.startswith(_AT_INIT)]
+
+    def some(keys):
+        return ", ".join(keys[:5]) + (f", ... ({len(keys)})" if len(keys) > 5 else "")
+
+    parts = ([f"drop {len(dropped)} trunk weights of the source ({some(dropped)})"] if dropped else []) + \
+        ([f"leave {len(at_init)} trunk weights of the target at their initialization ({some(at_init)})"]
+         if at_init else [])
+    raise WinposError(f"the conversion {report.source} -> {report.target} is partial: it would {' and '.join(parts)}; "
+                      "convert to a target that holds them (its family's preset: winpos.backbones.list_presets()), or "
+                      "pass --allow-loss (allow_loss=True) to accept the loss, which is recorded in the output")
 
 
 def convert(adapted: Adapted, model: nn.Module | None, target_name: str | None = None):
