@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Iterable
 
 from winpos.errors import WinposError
-from winpos.outputs import (LOCK_NAME, MANIFEST_NAME, _claimed, _fsync_dir, _record, atomic_write_json, check_output_dir,
-                            link_refusal, refuse_linked_folders)
+from winpos.outputs import (LOCK_NAME, MANIFEST_NAME, _claimed, _fsync_dir, _record, atomic_write_json,
+                            check_output_dir, link_refusal, refuse_linked_folders)
 
 __all__ = ["lock_folder", "OutputFolder", "claim_output_dir", "adopt_output_dir", "finish_output_dir",
            "release_output_dir", "publish_folder", "clear_outputs", "refuse_links", "staged_outputs",
