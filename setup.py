@@ -9,14 +9,16 @@ the benchmarks time; ``.[test]`` everything the test suite uses (its parity orac
 The repository's ``configs/`` is installed as ``winpos.configs`` and the demo's checkpoint (``tools/checkpoints/``)
 as ``winpos.demo_checkpoint`` (one source each: ``winpos.model_zoo`` finds them in a checkout or installed), and
 every command is a console script (``winpos.cli``).
+
+The project's metadata (name, version from ``winpos.__version__``, description, readme, license, Python versions,
+dependencies, classifiers, URLs) is in pyproject.toml; this file keeps what needs code: the packages and their
+folders, package data, the console scripts and the extras.
 """
 from pathlib import Path
 
 from setuptools import find_packages, setup
 
 ROOT = Path(__file__).resolve().parent
-INSTALL = ["torch>=2.1", "numpy", "safetensors", "matplotlib", "tqdm", "pycocotools", "Pillow", "pyyaml",
-           "opencv-python-headless"]  # OpenCV: image and video decoding (winpos.data.images), detectron2's Visualizer
 D2_EXTRAS = [  # what winpos.d2 needs at run time besides detectron2 itself
     "torchvision",  # detectron2.layers imports it
     "shapely",  # fvcore's polygon crop in the LSJ augmentation
@@ -25,7 +27,7 @@ D2_EXTRAS = [  # what winpos.d2 needs at run time besides detectron2 itself
 ]
 PEERS = ["timm==1.0.31", "sam2==1.1.0", "hiera-transformer==0.1.4", "segment-anything==1.0"]
 BENCH_EXTRAS = PEERS
-TEST_EXTRAS = ["pytest>=7", "hypothesis>=6"] + PEERS + D2_EXTRAS
+TEST_EXTRAS = ["pytest>=7", "hypothesis>=6", "ruff>=0.4"] + PEERS + D2_EXTRAS  # ruff: pyproject.toml [tool.ruff]
 
 # configs/ installed as winpos.configs: each folder of it is a (data-only) package of the wheel
 CONFIG_PACKAGES = ["winpos.configs"] + sorted(
@@ -38,21 +40,12 @@ COMMANDS = {  # winpos.cli's modules; winpos.cli.COMMANDS says the same (a test 
 }
 
 setup(
-    name="winpos",
-    version="0.1.0",
-    description="Position encodings that work with window attention: a detectron2 plugin for HieraDet and ViTDet",
-    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
-    long_description_content_type="text/markdown",
-    license="Apache-2.0",
-    license_files=["LICENSE"],
     packages=find_packages(include=["winpos", "winpos.*"]) + ["winpos.kernels", "winpos.demo_checkpoint"]
     + CONFIG_PACKAGES,
     package_dir={"winpos.kernels": "kernels", "winpos.configs": "configs",
                  "winpos.demo_checkpoint": "tools/checkpoints"},
-    package_data={"winpos.demo_checkpoint": ["*.pth", "*.json"]},
+    package_data={"winpos": ["py.typed"], "winpos.demo_checkpoint": ["*.pth", "*.json"]},
     entry_points={"console_scripts": [f"{cmd} = winpos.cli.{module}:main" for cmd, module in COMMANDS.items()]
                   + ["winpos-bench-decode = winpos.bench.decode:main"]},
-    python_requires=">=3.10",
-    install_requires=INSTALL,
     extras_require={"d2": D2_EXTRAS, "bench": BENCH_EXTRAS, "test": TEST_EXTRAS},
 )

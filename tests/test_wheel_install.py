@@ -69,6 +69,38 @@ def test_the_wheel_holds_configs_checkpoint_license_readme_and_commands(installe
     assert "Description-Content-Type: text/markdown" in meta and "# winpos" in meta
     assert "Requires-Dist: torchvision; extra == \"d2\"" in meta and "Requires-Dist: shapely; extra == \"d2\"" in meta
     assert "Requires-Dist: opencv-python-headless" in meta
+    assert "winpos/py.typed" in names  # PEP 561: the annotations are for type checkers too
+
+
+def test_the_wheel_metadata_is_complete_and_has_one_version(installed):
+    """pyproject.toml's PEP 621 metadata reaches the wheel, and the version is ``winpos.__version__`` everywhere
+    (CITATION.cff and CHANGELOG.md name it too)."""
+    import winpos
+
+    _, _, _, wheel = installed
+    names = zipfile.ZipFile(wheel).namelist()
+    meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("dist-info/METADATA"))).decode()
+    fields = {}
+    for line in meta.split("\n\n", 1)[0].splitlines():  # the header, before the long description
+        key, _, value = line.partition(": ")
+        fields.setdefault(key, []).append(value)
+    version = winpos.__version__
+    assert fields["Name"] == ["winpos"] and fields["Version"] == [version], fields.get("Version")
+    assert wheel.name.startswith(f"winpos-{version}-")
+    assert fields["Summary"][0].startswith("Position encodings that work with window attention")
+    assert fields["Requires-Python"] == [">=3.10"] and fields["License-Expression"] == ["Apache-2.0"]
+    assert fields["Author"] and fields["Keywords"] and "window attention" in fields["Keywords"][0]
+    for classifier in ("Programming Language :: Python :: 3.10", "Programming Language :: Python :: 3.11",
+                       "Programming Language :: Python :: 3.12", "Typing :: Typed",
+                       "Topic :: Scientific/Engineering :: Image Recognition"):
+        assert classifier in fields["Classifier"], classifier
+    urls = dict(u.split(", ", 1) for u in fields["Project-URL"])
+    assert {"https://arxiv.org/abs/2311.05613", "https://arxiv.org/abs/2403.13298",
+            "https://arxiv.org/abs/2405.13985"} <= set(urls.values()), urls
+    assert all(len(label) <= 32 for label in urls), urls  # the core metadata's limit on a URL's label
+    assert {"d2", "bench", "test"} <= set(fields["Provides-Extra"])
+    assert f"\nversion: {version}\n" in (ROOT / "CITATION.cff").read_text()
+    assert f"## {version}" in (ROOT / "CHANGELOG.md").read_text()
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     for command, module in COMMANDS.items():
         assert f"{command} = winpos.cli.{module}:main" in entry
@@ -87,11 +119,17 @@ def test_configs_by_name_outside_the_checkout(installed):
         "from winpos.d2.config import load_config\n"
         "cfg = z.get_config('COCO/mask_rcnn_vitdet_b_100ep.py')\n"
         "mine = load_config('my_config.py')\n"
+        "import importlib.metadata, importlib.resources\n"
+        "typed = importlib.resources.files('winpos').joinpath('py.typed')\n"
         "print(winpos.__file__, z.config_root(), z.demo_checkpoint(), cfg.model.backbone.net.net, cfg.train.max_iter,"
-        " mine.model.backbone.bottom_up.recipe, len(z.list_configs()))")], cwd=work))
-    where, root, ckpt, net, iters, recipe, count = res.stdout.split()
+        " mine.model.backbone.bottom_up.recipe, len(z.list_configs()), winpos.__version__,"
+        " importlib.metadata.version('winpos'), typed, typed.is_file(), ','.join(winpos.__all__))")], cwd=work))
+    where, root, ckpt, net, iters, recipe, count, version, dist_version, typed, is_file, public = res.stdout.split()
     venv = str(python.parents[1])
     assert where.startswith(venv) and root.startswith(venv) and ckpt.startswith(venv), res.stdout  # not the checkout
+    assert version == dist_version and typed.startswith(venv) and is_file == "True", res.stdout
+    assert {"__version__", "backbones", "checkpoints", "model_zoo", "errors"} <= set(public.split(",")), public
+    assert "d2" not in public.split(",")  # ``from winpos import *`` must not need detectron2
     assert (net, iters, recipe) == ("vitdet_b", "184375", "paper") and int(count) >= 40
 
 
