@@ -369,3 +369,30 @@ def test_the_fast_polygon_check_decides_as_the_exact_one():
     for values in cases:
         assert _all_numbers(values) == all(_is_number(v) for v in values), values
     assert _all_numbers([1, 2.5, 3]) and not _all_numbers([1, math.nan]) and not _all_numbers([1, True])
+
+
+def test_an_evaluation_set_of_its_own_shares_the_training_images_and_none_of_them(tmp_path):
+    """``val_seed``: the val split drawn from its own seed, the train split byte for byte the ordinary one; no
+    evaluation image is a training image, and two val seeds give two different sets (issue 48's fresh evaluation
+    set per pipeline)."""
+    import hashlib
+
+    from winpos.data.shapes import shapes_val_dir
+
+    params = dict(train_images=6, val_images=3, image_size=64, min_objects=1, max_objects=3)
+    plain = ensure_shapes_dataset(tmp_path, **params)
+    own = ensure_shapes_dataset(tmp_path, val_seed=112, **dict(params, val_images=5))
+    other = ensure_shapes_dataset(tmp_path, val_seed=113, **dict(params, val_images=5))
+
+    def digests(folder):
+        return sorted(hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(folder).glob("*.png"))
+
+    assert digests(own["shapes_train"][1]) == digests(plain["shapes_train"][1]) == digests(other["shapes_train"][1])
+    assert own["shapes_train"][1] == other["shapes_train"][1]  # one folder of training images for every val seed
+    val, val2 = digests(own["shapes_val"][1]), digests(other["shapes_val"][1])
+    assert len(val) == len(set(val)) == 5 and not set(val) & set(digests(plain["shapes_train"][1]))
+    assert not set(val) & set(val2) and not set(val) & set(digests(plain["shapes_val"][1]))
+    data = json.loads(Path(own["shapes_val"][0]).read_text())
+    assert len(data["images"]) == 5 and "seed 112" in data["info"]["description"]
+    assert shapes_val_dir(tmp_path, val_seed=112, **dict(params, val_images=5)) == Path(own["shapes_val"][1]).parent
+    assert ensure_shapes_dataset(tmp_path, **params) == plain  # the ordinary set keeps its folder

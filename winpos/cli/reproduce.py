@@ -104,8 +104,65 @@ def _vitdet(proto, args, log) -> int:
     return 0
 
 
+def _hold(out: Path) -> int:
+    """Hold the study's folder for this process: a second study into it is refused at once, naming the first."""
+    from winpos.output_folders import lock_folder
+
+    out.mkdir(parents=True, exist_ok=True)
+    return lock_folder(out, f"{out} is held by another study ({{holder}}); wait for it to end, or pass another "
+                            "--output")
+
+
+def _run_study(run, log) -> int | None:
+    """``run()``; Ctrl-C ends it in one line (the finished runs are kept, the same command continues)."""
+    try:
+        run()
+    except KeyboardInterrupt:
+        print("\ninterrupted: the runs that finished are kept (and archived with --archive); the same command "
+              "continues from them", file=sys.stderr)
+        return 130
+    return None
+
+
+def _equivalence(args, log) -> int:
+    """The declared equivalence study (``footing.equivalence_study``; docs/equal_footing.md)."""
+    from dataclasses import replace
+
+    from winpos.experiments import footing as F
+    from winpos.experiments.footing_analysis import analyze_equivalence
+    from winpos.experiments.footing_report import format_equivalence, plot_equivalence
+    from winpos.outputs import atomic_write_json
+
+    out = Path(args.output if args.output != "output/reproduce" else "output/equivalence")
+    study = F.equivalence_study(F.Footing(config=args.config, output_dir=str(out), workers=args.workers,
+                                          threads=args.threads, archive_dir=args.archive))
+    if args.pipelines is not None:
+        study = replace(study, pipelines=tuple(args.pipelines))
+    if args.seeds != [0, 1, 2, 3, 4]:
+        study = replace(study, finetune_seeds=tuple(args.seeds))
+    study.validate()
+    if not args.report_only:
+        _hold(out)
+        stopped = _run_study(lambda: F.run(study, log=log), log)
+        if stopped:
+            return stopped
+    result = analyze_equivalence(study, F.collect(study))
+    print(format_equivalence(result))
+    if result["interim"]:  # another selection than the declared one: the declared report is not overwritten
+        print(f"\n{result['interim']}: nothing written (the report of the declared study is {out}/results.json)")
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    plots = ""
+    if plot_equivalence(result, str(out / "equivalence.png")):
+        plots = f"plot: {out}/equivalence.png; "
+    atomic_write_json(out / "results.json", result)
+    print(f"\n{plots}every number: {out}/results.json")
+    return 0
+
+
 def _footing(args, log) -> int:
     from winpos.experiments import footing as F
+    from winpos.experiments.footing_analysis import interim_reason
     from winpos.experiments.footing_report import format_footing, plot_finetuned, plot_footing, plot_replication
     from winpos.outputs import atomic_write_json
 
@@ -125,7 +182,10 @@ def _footing(args, log) -> int:
     study = F.Footing(**kw)
     study.validate()
     if not args.report_only:
-        F.run(study, log=log, mae_iters=args.mae_iters)
+        _hold(out)
+        stopped = _run_study(lambda: F.run(study, log=log, mae_iters=args.mae_iters), log)
+        if stopped:
+            return stopped
     if args.archive:
         F.archive_all(study, log=log, mae_iters=args.mae_iters)
     data = F.collect(study)
@@ -141,6 +201,10 @@ def _footing(args, log) -> int:
         result["hiera_mae"] = None if mae is None else \
             {k: mae[k] for k in ("history", "reliance", "seconds", "recovered_from") if k in mae}
     print(format_footing(result))
+    partial = interim_reason(study)
+    if partial:  # another selection than the declared one: the declared report is not overwritten
+        print(f"\ninterim ({partial}): nothing written (the report of the declared study is {out}/results.json)")
+        return 0
     out.mkdir(parents=True, exist_ok=True)  # a report made from the archive alone has no run folders here
     plot_footing(result, str(out / "footing_curves.png"))
     plots = f"{out}/footing_curves.png"
@@ -163,7 +227,13 @@ def run(argv=None):
     p.add_argument("--equal-footing", action="store_true",
                    help="run the equal-footing study instead (every encoding pretrained with itself, independent "
                         "pipelines, the declared tests T1-T6); default output output/equal_footing")
-    p.add_argument("--pipelines", type=seed_list, default=None, help="equal footing: pipelines (default 0-5)")
+    p.add_argument("--equivalence", action="store_true",
+                   help="the declared equivalence study instead (abs-win vs naive at canvas "
+                        "1.25x over pipelines 12-35, stage 1 at 2000 iterations, an evaluation set of each "
+                        "pipeline's own, TOST at +-0.25 box AP; docs/equal_footing.md); default output "
+                        "output/equivalence, needs --archive")
+    p.add_argument("--pipelines", type=seed_list, default=None, help="equal footing: pipelines (default 0-5); "
+                   "fewer than declared give an interim report that writes nothing")
     p.add_argument("--encodings", type=_names, default=None,
                    help="equal footing: comma list of rope, relpos, lookhere, abs (default: all four)")
     p.add_argument("--finetune-cells", type=_cells, default=None, metavar="CONDITION:K,...",
@@ -214,6 +284,8 @@ def run(argv=None):
 
     args.config = str(config_path(args.config)) if not Path(args.config).is_file() else args.config
     log = lambda m: print(f"[reproduce] {m}", flush=True)  # noqa: E731
+    if args.equivalence:
+        return _equivalence(args, log)
     if args.equal_footing:
         if args.seeds == [0, 1, 2, 3, 4]:  # the finetuning seeds of the equal-footing study: 0, 1, 2
             args.seeds = [0, 1, 2]

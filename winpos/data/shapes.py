@@ -27,7 +27,7 @@ from pycocotools import mask as mask_utils
 from winpos.errors import WinposError
 
 __all__ = ["SHAPE_CLASSES", "TEXTURES", "cache_root", "compose_scene", "ensure_shapes_dataset", "generate_shapes",
-           "mask_to_polygons", "one_class_json", "rasterize_polygons", "Shape", "shape_polygon"]
+           "mask_to_polygons", "one_class_json", "rasterize_polygons", "Shape", "shape_polygon", "shapes_val_dir"]
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star")
 TEXTURES: tuple[str, ...] = ("solid", "gradient", "stripes")
@@ -376,30 +376,75 @@ def _remove_stale_temps(parent: Path, digest: str) -> None:
 
 def ensure_shapes_dataset(root: str | Path | None = None, train_images: int = 600, val_images: int = 100,
                           image_size=256, seed: int = 0, min_objects: int = 1,
-                          max_objects: int = 6, object_side: int | None = None) -> dict[str, tuple[Path, Path]]:
+                          max_objects: int = 6, object_side: int | None = None,
+                          val_seed: int | None = None) -> dict[str, tuple[Path, Path]]:
     """Generate the shapes dataset once into ``<root>/shapes_v1/<params-hash>/`` and return its paths.
 
     ``root`` defaults to ``$WINPOS_DATA``, else ``~/.cache/winpos``. Generation goes to a temp dir that is
     renamed into place when complete, so a crashed run is never picked up (its leftover is deleted later);
     a second call finds the finished dir and writes nothing.
+    ``val_seed``: draw the ``val`` split from this seed instead of ``seed`` (an evaluation set of its own, e.g. one
+    per independent experiment): the ``train`` split is then the one ``seed`` gives, byte for byte, and each split
+    is kept in a folder of its own (``<params-hash>`` of that split), so sets that differ only in ``val_seed`` share
+    their training images. Images of the two splits come from different random streams (seed, split name, index),
+    so an evaluation image is never a training image.
     Returns ``{"shapes_train": (json_path, image_root), "shapes_val": (json_path, image_root)}``.
     """
+    plan = _split_plan(root, train_images, val_images, image_size, seed, min_objects, max_objects, object_side,
+                       val_seed)
+    out = {}
+    for split, (final, params, splits) in plan.items():
+        _ensure_generated(final, params, splits)
+        out[f"shapes_{split}"] = (final / "annotations" / f"instances_{split}.json", final / split)
+    return out
+
+
+def shapes_val_dir(root: str | Path | None = None, *, val_seed: int, **params) -> Path:
+    """The folder in which ``ensure_shapes_dataset(root, val_seed=val_seed, **params)`` keeps its ``val`` split (an
+    evaluation set of its own), whether or not it has been generated: to remove it once nothing reads it (it is
+    made again, byte for byte, when asked for)."""
+    return _split_plan(root, val_seed=val_seed, **params)["val"][0]
+
+
+def _split_plan(root=None, train_images: int = 600, val_images: int = 100, image_size=256, seed: int = 0,
+                min_objects: int = 1, max_objects: int = 6, object_side: int | None = None,
+                val_seed: int | None = None) -> dict:
+    """``{split: (folder, params, {split: (images, seed)})}`` of ``ensure_shapes_dataset``'s arguments: one folder
+    for both splits without ``val_seed``, one per split with it."""
     params = {"version": _VERSION, "train_images": train_images, "val_images": val_images,
               "image_size": list(_as_hw(image_size)), "seed": seed, "min_objects": min_objects,
               "max_objects": max_objects}
     if object_side is not None:  # only when set, so the default datasets keep their cache key
         params["object_side"] = object_side
-    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
-    parent = Path(root) if root is not None else cache_root()
-    parent = parent / "shapes_v1"
-    final = parent / digest
+    parent = (Path(root) if root is not None else cache_root()) / "shapes_v1"
+    if val_seed is None:
+        both = {"train": (train_images, seed), "val": (val_images, seed)}
+        return {split: (parent / _digest(params), params, both) for split in ("train", "val")}
+    plan = {}
+    for split, n, split_seed in (("train", train_images, seed), ("val", val_images, val_seed)):
+        one = {k: v for k, v in params.items() if k not in ("train_images", "val_images")}
+        one.update(split=split, images=n, seed=split_seed)
+        plan[split] = (parent / _digest(one), one, {split: (n, split_seed)})
+    return plan
+
+
+def _digest(params: dict) -> str:
+    return hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _ensure_generated(final: Path, params: dict, splits: dict) -> None:
+    """``final`` (``<parent>/<digest of params>``) holding ``splits`` (``{split: (images, seed)}``), generated once
+    (see ``ensure_shapes_dataset``)."""
+    parent, digest = final.parent, final.name
     if not (final / _MANIFEST).is_file():
         parent.mkdir(parents=True, exist_ok=True)
         _remove_stale_temps(parent, digest)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{digest}-{os.getpid()}-", dir=parent))
+        size = params["image_size"]
         try:
-            for split, n in (("train", train_images), ("val", val_images)):
-                generate_shapes(tmp, split, n, image_size, seed, min_objects, max_objects, object_side)
+            for split, (n, split_seed) in splits.items():
+                generate_shapes(tmp, split, n, size, split_seed, params["min_objects"], params["max_objects"],
+                                params.get("object_side"))
             (tmp / _MANIFEST).write_text(json.dumps(params, sort_keys=True))  # output-policy: staging folder
             if final.exists() and not (final / _MANIFEST).is_file():
                 shutil.rmtree(final)  # an incomplete dir not made by this function: replace it
@@ -412,4 +457,3 @@ def ensure_shapes_dataset(root: str | Path | None = None, train_images: int = 60
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return {f"shapes_{s}": (final / "annotations" / f"instances_{s}.json", final / s) for s in ("train", "val")}

@@ -117,6 +117,51 @@ def run_detect(spec: dict) -> dict:
     return do_train(cfg, resume=True, extra_hooks=[_progress_hook(max(spec["iters"] // 10, 20))])
 
 
+def split_half_ap(spec: dict) -> dict:
+    """Box and mask AP (x100, as detectron2 reports it) of the run's detections on the even-numbered and on the
+    odd-numbered images of its test set, and on all of them (``all``: equal to the run's own AP, a check), with
+    pycocotools' ``COCOeval`` on the test json the evaluation used: ``{"bbox": [even, odd],
+    "segm": [...], "all": {"bbox": ..., "segm": ...}}``. The spread of an AP between two halves measures the
+    evaluation noise (the variance of a whole-set AP is about a quarter of that of the difference of its halves).
+    Reads the detections the evaluation just wrote."""
+    import contextlib
+    import io
+
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    from winpos.data.shapes import ensure_shapes_dataset, one_class_json
+    from winpos.experiments.protocol import build_cfg
+
+    name = build_cfg(spec).dataloader.test.dataset.names
+    gt_json = ensure_shapes_dataset(**spec["shapes"])["shapes_val"][0]
+    if name == "shapes1_val":  # the one-class view the evaluation used (winpos.d2.data.register_shapes_one_class)
+        gt_json = one_class_json(gt_json)
+    elif name != "shapes_val":
+        raise ValueError(f"split_half_ap reads the embedded shapes sets; this run evaluates on {name!r}")
+    dets = json.loads((Path(spec["out"]) / "inference" / "coco_instances_results.json").read_text())
+    out = {"bbox": [], "segm": [], "all": {}}
+    with contextlib.redirect_stdout(io.StringIO()):
+        gt = COCO(str(gt_json))
+        found = gt.loadRes(dets) if dets else None
+        ids = sorted(gt.getImgIds())
+        for kind in ("bbox", "segm"):
+            for part, key in ((ids[0::2], 0), (ids[1::2], 1), (ids, "all")):
+                ap = 0.0
+                if found is not None:
+                    ev = COCOeval(gt, found, kind)
+                    ev.params.imgIds = part
+                    ev.evaluate()
+                    ev.accumulate()
+                    ev.summarize()
+                    ap = float(ev.stats[0]) * 100
+                if key == "all":
+                    out["all"][kind] = ap
+                else:
+                    out[kind].append(ap)
+    return out
+
+
 def code_version() -> str:
     """The git commit of the winpos checkout this module runs from (``+dirty`` with uncommitted changes to tracked
     files), else the installed distribution's version."""
@@ -159,6 +204,8 @@ def main(spec: dict) -> None:
         results = run_detect(spec)
         out = {"spec": spec, "bbox": {k: float(v) for k, v in results["bbox"].items()},
                "segm": {k: float(v) for k, v in results["segm"].items()}}
+        if spec.get("shapes", {}).get("val_seed") is not None:  # an evaluation set of its own: its two halves too
+            out["split_half"] = split_half_ap(spec)
         if spec.get("zero_embedding"):  # what was zeroed: the embedding's window structure, kept with the result
             from winpos.experiments.checkpoints import window_structure
 

@@ -18,6 +18,12 @@ A **pipeline** is one trained detector per encoding, made from nothing but its p
 The unit of replication is the pipeline: the encodings of one pipeline share its seed (the same random streams),
 so they are compared paired by pipeline; different pipelines share nothing but the data sets and the code. The
 tests declared before the runs (``docs/equal_footing.md``) are in ``TESTS``; ``analyze`` computes them.
+
+Two declared follow-ups are views of one ``Footing`` (the same specs, runner and collection, other settings):
+``replication_study`` (R5 / R6: T5 / T6 again on pipelines 6-11) and ``equivalence_study`` (D1 / D2: abs-win -
+naive at canvas 1.25x over 24 new pipelines with stage 1 at 2000 iterations, four finetuning seeds drawn from each
+pipeline's seed and an evaluation set of 1000 images of each pipeline's own, tested for a difference and for
+equivalence within +-0.25 box AP; ``footing_analysis.analyze_equivalence``).
 """
 from __future__ import annotations
 
@@ -36,6 +42,10 @@ FINETUNE_ROWS = {"naive": None, "abs2win": "abswin", "control": "control"}  # ro
 REPLICATION_PIPELINES = (6, 7, 8, 9, 10, 11)  # R5 / R6 (docs/equal_footing.md, fifth session)
 REPLICATION_CELL = ("canvas", 1.25)
 SEED_BASE = 100  # pipeline p uses seed SEED_BASE + p in stage 0 and stage 1
+# the declared equivalence study (docs/equal_footing.md, "The equivalence study"): 24 new pipelines, seeds 112-135
+EQUIVALENCE_PIPELINES = tuple(range(12, 36))
+EQUIVALENCE_CELL = ("canvas", 1.25)
+EQUIVALENCE_EVAL_IMAGES = 1000
 
 
 @dataclass
@@ -54,6 +64,20 @@ class Footing:
     finetune_lr: float = 2e-4
     finetune_seeds: tuple = (0, 1, 2)
     finetune_cells: tuple = FINETUNE_CELLS  # a subset of FINETUNE_CELLS, e.g. only the demo's cell (replication)
+    finetune_rows: tuple = tuple(FINETUNE_ROWS)  # a subset: the equivalence study finetunes naive and abs2win only
+    zero_shot_cells: tuple = ZERO_SHOT  # the zero-shot evaluations of every chain
+    # what the declared tests need whole: fewer pipelines or other finetuning seeds give an interim report
+    declared_pipelines: tuple = (0, 1, 2, 3, 4, 5)
+    declared_seeds: tuple = (0, 1, 2)
+    # finetuning seed j of pipeline p is drawn from p's seed (``finetune_seed``) instead of being j itself
+    drawn_seeds: bool = False
+    # an evaluation set of this many images of each pipeline's own (drawn from its seed; the shared training
+    # images) at every stage-2 cell, evaluated on its two halves too (the evaluation noise); None: the shared set
+    eval_images: int | None = None
+    pipeline_by_pipeline: bool = False  # run pipeline p's finetuning runs before pipeline p + 1's chain
+    # False: once every run of a pipeline is archived, its run folders and its own evaluation set are removed
+    # (the report reads the archive; a run asked for again is made again from its seed)
+    keep_run_folders: bool = True
     # the declared replication of T5 / T6 (R5 / R6): its pipelines' abs chains and canvas-1.25x runs, reported
     # beside the study when any of them has finished (run them with --pipelines 6,...,11 --encodings abs
     # --finetune-cells canvas:1.25)
@@ -84,8 +108,18 @@ class Footing:
                 raise WinposError(f"{name}={v!r} must be a positive int")
         if not os.path.isfile(self.config):
             raise WinposError(f"config {self.config!r} does not exist; pass configs/shapes/reproduce_hieradet.py")
-        for _, k in ZERO_SHOT + FINETUNE_CELLS:
+        for _, k in tuple(self.zero_shot_cells) + FINETUNE_CELLS:
             check_multiplier(k)
+        bad = [r for r in self.finetune_rows if r not in FINETUNE_ROWS]
+        if bad or not self.finetune_rows:
+            raise WinposError(f"finetune rows {list(self.finetune_rows)} must be a non-empty subset of "
+                              f"{', '.join(FINETUNE_ROWS)}")
+        if self.eval_images is not None and (isinstance(self.eval_images, bool) or
+                                             not isinstance(self.eval_images, int) or self.eval_images < 2):
+            raise WinposError(f"eval_images={self.eval_images!r} must be an int >= 2 (it is split in two halves)")
+        if not self.keep_run_folders and not self.archive_dir:
+            raise WinposError("a study that removes its run folders needs an archive to keep their results; pass "
+                              "--archive DIR")
         cells = [tuple(c) for c in self.finetune_cells]
         bad = [c for c in cells if c not in FINETUNE_CELLS]
         if bad or not cells or len(set(cells)) != len(cells):
@@ -115,11 +149,31 @@ def converted_init(f: Footing, p: int, convert: str) -> str:
     return str(f.root(p, "abs") / "converted" / f"{convert}_init.pth")
 
 
+def stage2_shapes(f: Footing, p: int, condition: str, k) -> dict:
+    """The shapes data of pipeline ``p``'s stage-2 runs at a cell: the shared set, or with ``f.eval_images`` the
+    shared training images and an evaluation set of the pipeline's own, drawn from its seed."""
+    shapes = dataset_params(k, condition)
+    if f.eval_images:
+        shapes.update(val_images=f.eval_images, val_seed=SEED_BASE + p)
+    return shapes
+
+
+def finetune_seed(f: Footing, p: int, j: int) -> int:
+    """The training seed of pipeline ``p``'s finetuning run number ``j``: ``j`` itself, or with ``f.drawn_seeds``
+    a number drawn from the pipeline's seed (the first 31 bits of SHA-256 of "seed:j"), so no two pipelines share a
+    finetuning stream."""
+    if not f.drawn_seeds:
+        return j
+    import hashlib
+
+    return int(hashlib.sha256(f"{SEED_BASE + p}:{j}".encode()).hexdigest()[:8], 16) % 2 ** 31
+
+
 def _stage2_base(f: Footing, p: int, enc: str, row: str, condition: str, k) -> dict:
     convert = FINETUNE_ROWS.get(row) if enc == "abs" else None
     init = converted_init(f, p, convert) if convert else str(Path(stage1_spec(f, p, enc)["out"]) / "model_final.pth")
     return dict(kind="detect", config=f.config, encoding=STUDY_ENCODINGS[enc], convert=convert,
-                size=check_multiplier(k), shapes=dataset_params(k, condition), init=init, threads=f.threads)
+                size=check_multiplier(k), shapes=stage2_shapes(f, p, condition, k), init=init, threads=f.threads)
 
 
 def zero_shot_spec(f: Footing, p: int, enc: str, row: str, condition: str, k) -> dict:
@@ -131,7 +185,8 @@ def zero_shot_spec(f: Footing, p: int, enc: str, row: str, condition: str, k) ->
 
 def finetune_spec(f: Footing, p: int, row: str, condition: str, k, seed: int) -> dict:
     base = _stage2_base(f, p, "abs", row, condition, k)
-    return dict(base, name=f"p{p}/{row}/{condition}/{label(k)}/seed{seed}", iters=f.finetune_iters, seed=seed,
+    return dict(base, name=f"p{p}/{row}/{condition}/{label(k)}/seed{seed}", iters=f.finetune_iters,
+                seed=finetune_seed(f, p, seed),
                 lr=f.finetune_lr, warmup=20, keep_weights=False,
                 out=str(f.root(p, "abs") / "finetune" / row / condition / label(k) / f"seed{seed}"))
 
@@ -143,7 +198,7 @@ def zero_shot_rows(enc: str) -> tuple:
 
 def chain_specs(f: Footing, p: int, enc: str) -> list[dict]:
     """The runs of one (pipeline, encoding), in order: stage 0, stage 1, the zero-shot evaluations."""
-    zero = [zero_shot_spec(f, p, enc, row, c, k) for c, k in ZERO_SHOT for row in zero_shot_rows(enc)]
+    zero = [zero_shot_spec(f, p, enc, row, c, k) for c, k in f.zero_shot_cells for row in zero_shot_rows(enc)]
     return [stage0_spec(f, p, enc), stage1_spec(f, p, enc)] + zero
 
 
@@ -165,7 +220,8 @@ def finetune_specs(f: Footing, p: int, cells=None) -> list[dict]:
     if not f.finetune or "abs" not in f.encodings:
         return []
     cells = f.finetune_cells if cells is None else cells
-    return [finetune_spec(f, p, row, c, k, s) for c, k in cells for s in f.finetune_seeds for row in FINETUNE_ROWS]
+    return [finetune_spec(f, p, row, c, k, s) for c, k in cells for s in f.finetune_seeds for row in FINETUNE_ROWS
+            if row in f.finetune_rows]
 
 
 def mae_spec(f: Footing, iters: int) -> dict:
@@ -190,9 +246,12 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
 
     f.validate()
     done = {p: threading.Event() for p in f.pipelines}
+    stopping = threading.Event()  # Ctrl-C: no run starts after it
     jobs = []
 
     def launch(spec):
+        if stopping.is_set():
+            raise KeyboardInterrupt
         res = R.launch(spec, log)
         if f.archive_dir:
             log(f"archive {spec['name']}: {A.keep(spec, f.archive_dir)}")
@@ -216,7 +275,7 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
                     launch(spec)
                 if enc == "abs":
                     final = str(Path(stage1_spec(f, p, "abs")["out"]) / "model_final.pth")
-                    for how in {c for c in FINETUNE_ROWS.values() if c}:
+                    for how in {"abswin"} | {FINETUNE_ROWS[r] for r in f.finetune_rows if FINETUNE_ROWS[r]}:
                         if not Path(converted_init(f, p, how)).is_file():
                             convert(final, converted_init(f, p, how), how)
                 for spec in chain_specs(f, p, enc)[2:] + (diagnosis_specs(f, p) if enc == "abs" else []):
@@ -234,27 +293,80 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
             return launch(spec)
         return go
 
+    def tidy(p):  # every run of pipeline p archived: remove its folders and its own evaluation set
+        def go():
+            specs = pipeline_specs(f, p)
+            if all(A.archived(s, f.archive_dir) is not None for s in specs):
+                removed = remove_pipeline_files(f, p)
+                if removed:
+                    log(f"p{p}: every run archived; removed {', '.join(removed)}")
+        return go
+
     encs = [e for e in STUDY_ENCODINGS if e in f.encodings]  # T1 / T2 encodings first within a pipeline
     for p in f.pipelines:
         jobs += [chain(p, e) for e in encs]
         if "abs" not in encs:
             done[p].set()
-    for cell in f.finetune_cells:  # cell by cell: the declared cell's runs first, every pipeline
+        if f.pipeline_by_pipeline:  # one pipeline whole before the next (a study run one process at a time)
+            for cell in f.finetune_cells:
+                jobs += [finetune(s, p) for s in finetune_specs(f, p, (cell,))]
+            if not f.keep_run_folders:
+                jobs.append(tidy(p))
+    for cell in (() if f.pipeline_by_pipeline else f.finetune_cells):  # cell by cell: every pipeline's first
         for p in f.pipelines:
             jobs += [finetune(s, p) for s in finetune_specs(f, p, (cell,))]
     errors = []
 
     def guarded(job):
+        if stopping.is_set():
+            return
         try:
             job()
+        except KeyboardInterrupt:
+            stopping.set()
         except Exception as e:  # noqa: BLE001 - one failed run must not stop the other pipelines
-            errors.append(e)
-            log(f"FAILED: {e}")
+            if not stopping.is_set():  # a run killed by the same Ctrl-C is not a failure to report
+                errors.append(e)
+                log(f"FAILED: {e}")
 
-    with ThreadPoolExecutor(max_workers=f.workers) as ex:
+    ex = ThreadPoolExecutor(max_workers=f.workers)
+    try:
         list(ex.map(guarded, jobs))
+    except KeyboardInterrupt:
+        stopping.set()
+        ex.shutdown(wait=True, cancel_futures=True)  # the runs under way end with the same signal
+        raise
+    ex.shutdown(wait=True)
+    if stopping.is_set():
+        raise KeyboardInterrupt
     if errors:
         raise R.RunFailed(f"{len(errors)} run(s) failed; the first: {errors[0]}")
+
+
+def pipeline_specs(f: Footing, p: int) -> list[dict]:
+    """Every run of pipeline ``p``: its chains, diagnosis and finetuning runs."""
+    return [s for enc in f.encodings for s in chain_specs(f, p, enc)] + diagnosis_specs(f, p) + finetune_specs(f, p)
+
+
+def remove_pipeline_files(f: Footing, p: int) -> list[str]:
+    """Remove pipeline ``p``'s run folders (weights, logs) and its own evaluation sets; returns what was removed.
+    Call it only once every run of ``p`` is archived: the report reads the archive."""
+    import shutil
+
+    from winpos.data.shapes import shapes_val_dir
+
+    removed = []
+    folder = Path(f.output_dir) / f"pipeline{p}"
+    if folder.is_dir():
+        shutil.rmtree(folder)
+        removed.append(str(folder))
+    if f.eval_images:
+        for c, k in dict.fromkeys(tuple(f.zero_shot_cells) + tuple(f.finetune_cells)):
+            data = shapes_val_dir(**stage2_shapes(f, p, c, k))
+            if data.is_dir():
+                shutil.rmtree(data)
+                removed.append(f"its evaluation set {data}")
+    return removed
 
 
 def all_specs(f: Footing, mae_iters: int | None = None) -> list[dict]:
@@ -317,7 +429,7 @@ def collect(f: Footing) -> dict:
             s1 = take(stage1_spec(f, p, enc))
             if s1:
                 out["ap64"].setdefault(enc, {})[str(p)] = _ap(s1)
-            for c, k in ZERO_SHOT:
+            for c, k in f.zero_shot_cells:
                 for row in zero_shot_rows(enc):
                     res = take(zero_shot_spec(f, p, enc, row, c, k))
                     if res:
@@ -343,12 +455,31 @@ def replication_study(f: Footing) -> Footing | None:
     pipes = tuple(p for p in f.replication_pipelines if p not in f.pipelines)
     if not pipes or "abs" not in f.encodings or not f.finetune:
         return None
-    return replace(f, pipelines=pipes, encodings=("abs",), finetune_cells=(REPLICATION_CELL,),
-                   replication_pipelines=())
+    return replace(f, pipelines=pipes, declared_pipelines=pipes, encodings=("abs",),
+                   finetune_cells=(REPLICATION_CELL,), replication_pipelines=())
+
+
+def equivalence_study(f: Footing) -> Footing:
+    """The declared equivalence study (docs/equal_footing.md, "The equivalence study") with ``f``'s config, output,
+    archive, workers and threads: ``abs`` only, pipelines 12-35, stage 0 400 iterations, stage 1 2000, zero-shot
+    and finetuning (naive, abs2win; 150 iterations, four seeds drawn from the pipeline's seed) at canvas 1.25x, each
+    pipeline evaluated on 1000 images of its own; pipeline by pipeline, its run folders removed once archived."""
+    from dataclasses import replace
+
+    return replace(f, pipelines=EQUIVALENCE_PIPELINES, declared_pipelines=EQUIVALENCE_PIPELINES, encodings=("abs",),
+                   stage0_iters=400, stage1_iters=2000, stage1_lr=1e-3, finetune=True, finetune_iters=150,
+                   finetune_lr=2e-4, finetune_seeds=(0, 1, 2, 3), declared_seeds=(0, 1, 2, 3), drawn_seeds=True,
+                   finetune_cells=(EQUIVALENCE_CELL,), finetune_rows=("naive", "abs2win"),
+                   zero_shot_cells=(EQUIVALENCE_CELL,), eval_images=EQUIVALENCE_EVAL_IMAGES, replication_pipelines=(),
+                   pipeline_by_pipeline=True, keep_run_folders=False)
 
 
 def _ap(res: dict) -> dict:
-    return {"box": res["bbox"]["AP"], "mask": res["segm"]["AP"]}
+    """Box and mask AP of a result, with the AP of the two halves of its evaluation set when it has them."""
+    out = {"box": res["bbox"]["AP"], "mask": res["segm"]["AP"]}
+    if res.get("split_half"):
+        out["halves"] = {"box": res["split_half"]["bbox"], "mask": res["split_half"]["segm"]}
+    return out
 
 
 # the tests and the analysis live in footing_analysis; named here too, as the study's one entry point

@@ -49,11 +49,12 @@ def _detector_means(fin: dict, treat: str, base: str, cell: str, metric: str, se
     return out
 
 
-def declared_tests(data: dict, metric: str, declared_n: int = 6, seeds=(0, 1, 2)) -> dict:
+def declared_tests(data: dict, metric: str, declared_n: int = 6, seeds=(0, 1, 2), interim: str | None = None) -> dict:
     """T1-T6 on ``metric`` ("box" or "mask": each its own family), with Holm's adjustment over the declared four
     for T1-T4 and over all six for T5 / T6 (``holm_family``). A test with fewer than ``declared_n`` pipelines (the
     number declared) gets its numbers but no verdict (interim); the finetuning tests count a pipeline once all
-    its ``seeds`` (the finetuning seeds) are there."""
+    its ``seeds`` (the finetuning seeds) are there. ``interim`` (a reason: fewer pipelines or other seeds asked for
+    than declared) makes every verdict interim."""
     ap, zs, fin = data["ap64"], data["zero_shot"], data["finetuned"]
     t2 = {}
     for enc in ("lookhere", "rope"):
@@ -76,12 +77,33 @@ def declared_tests(data: dict, metric: str, declared_n: int = 6, seeds=(0, 1, 2)
     for name, t in tests.items():
         t["p_holm"], t["p_sign_flip_holm"] = adjusted[name], adjusted_sf[name]
         t["holm_family"] = list(four) if name in DECLARED_FAMILY else list(tests)
-        t["verdict"] = _verdict(name, t) if t["n"] >= declared_n or t["n"] == 0 else \
+        t["verdict"] = f"interim: {interim}, no verdict" if interim and t["n"] else \
+            _verdict(name, t) if t["n"] >= declared_n or t["n"] == 0 else \
             f"interim: {t['n']} of the {declared_n} declared pipelines, no verdict"
     return tests
 
 
-def replication_tests(data: dict, rep: dict, metric: str, declared_n: int, seeds=(0, 1, 2)) -> dict:
+def replication_view(f):
+    """The replication's pipelines and seeds as declared, in the form ``interim_reason`` reads."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(declared_pipelines=f.replication_pipelines, pipelines=f.replication_pipelines,
+                           finetune_seeds=f.finetune_seeds, declared_seeds=f.declared_seeds)
+
+
+def interim_reason(f) -> str | None:
+    """Why a report of study ``f`` (a ``footing.Footing``) can give no verdict whatever has run: it asks for fewer
+    of the declared pipelines, or other finetuning seeds, than were declared (None when it asks for them all)."""
+    declared = tuple(f.declared_pipelines)
+    if tuple(f.finetune_seeds) != tuple(f.declared_seeds):
+        return f"finetuning seeds {list(f.finetune_seeds)} asked for, {list(f.declared_seeds)} declared"
+    if not set(declared) <= set(f.pipelines):
+        return f"{len(set(f.pipelines) & set(declared))} of the {len(declared)} declared pipelines asked for"
+    return None
+
+
+def replication_tests(data: dict, rep: dict, metric: str, declared_n: int, seeds=(0, 1, 2),
+                      interim: str | None = None) -> dict:
     """R5 / R6 on ``metric``: T5 / T6's contrasts over the replication's pipelines alone (``rep`` is its collected
     data), Holm over the two; beside each, the same contrast pooled over the study's and the replication's pipelines
     (``pooled``: a description, no p value enters a verdict). A test with fewer than ``declared_n`` whole pipelines
@@ -98,7 +120,8 @@ def replication_tests(data: dict, rep: dict, metric: str, declared_n: int, seeds
     adjusted_sf = holm({k: t["p_sign_flip"] for k, t in tests.items()})
     for name, t in tests.items():
         t["p_holm"], t["p_sign_flip_holm"], t["holm_family"] = adjusted[name], adjusted_sf[name], list(REPLICATION)
-        t["verdict"] = _verdict(name, t) if t["n"] >= declared_n or t["n"] == 0 else \
+        t["verdict"] = f"interim: {interim}, no verdict" if interim and t["n"] else \
+            _verdict(name, t) if t["n"] >= declared_n or t["n"] == 0 else \
             f"interim: {t['n']} of the {declared_n} declared pipelines, no verdict"
     return tests
 
@@ -132,9 +155,10 @@ def analyze(f, data: dict) -> dict:
         ws = [v["history"][-1]["ws"] for v in pipes.values() if v["history"][-1]["ws"] is not None]
         stage0[enc] = {"final_ws": mean_interval(ws) if ws else None,
                        "final_loss": mean_interval([v["history"][-1]["loss"] for v in pipes.values()])}
-    n = len(f.pipelines)
+    n = len(f.declared_pipelines)
     seeds = f.finetune_seeds
-    tests = {"box": declared_tests(data, "box", n, seeds), "mask": declared_tests(data, "mask", n, seeds)}
+    interim = interim_reason(f)
+    tests = {m: declared_tests(data, m, n, seeds, interim) for m in ("box", "mask")}
     power = {}
     for name in ("T3", "T4", "T5", "T6"):  # how many pipelines would decide each finetuning test
         t = tests["box"][name]
@@ -154,7 +178,8 @@ def analyze(f, data: dict) -> dict:
     if rep is not None:
         rn = len(f.replication_pipelines)
         out_rep = {"pipelines": list(f.replication_pipelines), "missing": rep["missing"],
-                   "tests": {m: replication_tests(data, rep, m, rn, seeds) for m in ("box", "mask")},
+                   "tests": {m: replication_tests(data, rep, m, rn, seeds,
+                                                  interim_reason(replication_view(f))) for m in ("box", "mask")},
                    "ap64": {m: mean_interval([v[m] for _, v in sorted(rep["ap64"].get("abs", {}).items(),
                                                                         key=lambda kv: int(kv[0]))])
                             for m in ("box", "mask")},
@@ -185,3 +210,153 @@ def diagnosis(data: dict) -> dict:
         out["zero_shot_gain"][cell] = {m: mean_interval([aw[cell][p][m] - naive[cell][p][m] for p in both])
                                        for m in ("box", "mask")}
     return out
+
+
+# ------------------------------------------------------------------------------ the declared equivalence study
+EQUIVALENCE_MARGIN = 0.25  # box AP: abs-win and naive are equivalent when abs-win - naive lies within +-0.25
+PLANNING_SD = 0.45  # the pipeline sd the study was sized with (the earlier pipelines' abs-win - naive)
+EQUIVALENCE = {  # declared before its runs (docs/equal_footing.md, "The equivalence study"); Holm over D1, D2
+    "D1": "abs-win - naive after finetuning at canvas 1.25x, per-pipeline mean over its 4 finetuning seeds",
+    "D2": "abs-win - naive zero-shot at canvas 1.25x (the same detector, no finetuning)",
+}
+
+
+def equivalence_tests(data: dict, metric: str, declared_n: int, seeds, interim: str | None = None) -> dict:
+    """D1 / D2 on ``metric``: each a two-sided one-sample t test over pipelines with the exact sign-flip p beside
+    it, and TOST at +-``EQUIVALENCE_MARGIN``; Holm over {D1, D2} for the t p and, apart, for the TOST p. Verdict
+    (only with ``declared_n`` whole pipelines and no ``interim`` reason): "shown" when the Holm-adjusted t p <
+    0.05, "equivalent within +-0.25" when the Holm-adjusted TOST p < 0.05, both when both, else "undecided"."""
+    from winpos.experiments.stats import tost
+
+    cell = "canvas 1.25x"
+    zs = data["zero_shot"]
+    diffs = {"D1": _detector_means(data["finetuned"], "abs2win", "naive", cell, metric, seeds),
+             "D2": _paired(zs.get("abs2win", {}).get(cell, {}), zs.get("naive", {}).get(cell, {}), metric)}
+    pipes = {"D1": _whole_pipelines(data["finetuned"], "abs2win", "naive", cell, seeds),
+             "D2": sorted(set(zs.get("abs2win", {}).get(cell, {})) & set(zs.get("naive", {}).get(cell, {})), key=int)}
+    tests = {}
+    for name, d in diffs.items():
+        t = dict(t_test(d, 0.0, "two-sided"), claim=EQUIVALENCE[name], pipelines=pipes[name])
+        e = tost(d, EQUIVALENCE_MARGIN, ALPHA)
+        t.update(tost_p_lower=e["p_lower"], tost_p_upper=e["p_upper"], tost_p=e["p"], ci90=e["ci"],
+                 margin=EQUIVALENCE_MARGIN)
+        tests[name] = t
+    adjusted = holm({k: t["p_t"] for k, t in tests.items()})
+    adjusted_tost = holm({k: t["tost_p"] for k, t in tests.items()})
+    for name, t in tests.items():
+        t["p_holm"], t["tost_p_holm"], t["holm_family"] = adjusted[name], adjusted_tost[name], list(EQUIVALENCE)
+        if interim or t["n"] < declared_n:
+            why = interim or f"{t['n']} of the {declared_n} declared pipelines whole"
+            t["verdict"] = f"interim: {why}, no verdict"
+        else:
+            t["verdict"] = _equivalence_verdict(t)
+    return tests
+
+
+def _whole_pipelines(fin: dict, treat: str, base: str, cell: str, seeds) -> list:
+    a, b = fin.get(treat, {}).get(cell, {}), fin.get(base, {}).get(cell, {})
+    want = [str(s) for s in seeds]
+    return [p for p in sorted(set(a) & set(b), key=int) if all(s in a[p] and s in b[p] for s in want)]
+
+
+def _equivalence_verdict(t: dict) -> str:
+    if t["n"] < 2:
+        return f"not run (n={t['n']})"
+    shown = t["p_holm"] < ALPHA
+    equivalent = t["tost_p_holm"] < ALPHA
+    side = "abs-win better than naive" if t["mean"] > 0 else "naive better than abs-win"
+    if shown and equivalent:
+        return f"shown ({side}), and within +-{t['margin']:g} AP: a difference smaller than the margin"
+    if shown:
+        return f"shown: {side} (Holm-adjusted t p < {ALPHA})"
+    if equivalent:
+        return f"equivalent within +-{t['margin']:g} AP (Holm-adjusted TOST p < {ALPHA})"
+    return "undecided: neither a difference nor equivalence within the margin is shown"
+
+
+def evaluation_noise(data: dict, metric: str, seeds) -> dict:
+    """The evaluation noise of D1 / D2 from the two halves of each pipeline's own evaluation set: per pipeline the
+    contrast on the even images minus on the odd ones; its sd over pipelines / 2 estimates the sd that evaluating
+    on all the images adds to a pipeline's contrast (a half has twice the variance of the whole set, and the
+    difference of two halves twice that of a half). Beside it the pipeline sd of the test (both in AP)."""
+    cell = "canvas 1.25x"
+    fin, zs = data["finetuned"], data["zero_shot"]
+    out = {}
+    splits = {}
+    a, b = fin.get("abs2win", {}).get(cell, {}), fin.get("naive", {}).get(cell, {})
+    want = [str(s) for s in seeds]
+    splits["D1"] = [statistics.fmean((a[p][s]["halves"][metric][0] - b[p][s]["halves"][metric][0])
+                                     - (a[p][s]["halves"][metric][1] - b[p][s]["halves"][metric][1]) for s in want)
+                    for p in _whole_pipelines(fin, "abs2win", "naive", cell, seeds)
+                    if all("halves" in a[p][s] and "halves" in b[p][s] for s in want)]
+    za, zb = zs.get("abs2win", {}).get(cell, {}), zs.get("naive", {}).get(cell, {})
+    splits["D2"] = [(za[p]["halves"][metric][0] - zb[p]["halves"][metric][0])
+                    - (za[p]["halves"][metric][1] - zb[p]["halves"][metric][1])
+                    for p in sorted(set(za) & set(zb), key=int) if "halves" in za[p] and "halves" in zb[p]]
+    for name, d in splits.items():
+        out[name] = {"n": len(d), "sd_eval": statistics.stdev(d) / 2 if len(d) >= 2 else None}
+    return out
+
+
+def analyze_equivalence(f, data: dict) -> dict:
+    """The equivalence study's results (``f`` its ``footing.Footing``, ``data`` its ``collect``): D1 / D2 (box AP
+    the decision, mask AP described the same way), the evaluation noise beside the pipeline sd, the power as
+    declared and at the observed sd, the abs detectors' 64 px AP and reliance (AP lost when the embedding is
+    zeroed), the finetuned and zero-shot AP per row, how many pipelines are whole, and the verdict sentence."""
+    from winpos.experiments.stats import power_tost
+
+    declared = tuple(f.declared_pipelines)
+    interim = interim_reason(f)
+    seeds = f.finetune_seeds
+    tests = {m: equivalence_tests(data, m, len(declared), seeds, interim) for m in ("box", "mask")}
+    noise = {m: evaluation_noise(data, m, seeds) for m in ("box", "mask")}
+    d1 = tests["box"]["D1"]
+    n = len(declared)
+    power = {"declared": {"n": n, "sd": PLANNING_SD, "alpha_first_holm_step": ALPHA / 2,
+                          "t_at_0.3": power_paired(0.3, PLANNING_SD, n), "t_at_0.3_holm": power_paired(
+                              0.3, PLANNING_SD, n, ALPHA / 2),
+                          "t_at_0.5": power_paired(0.5, PLANNING_SD, n),
+                          "tost_at_0": power_tost(0.0, PLANNING_SD, n, EQUIVALENCE_MARGIN, ALPHA),
+                          "tost_at_0_holm": power_tost(0.0, PLANNING_SD, n, EQUIVALENCE_MARGIN, ALPHA / 2)}}
+    if d1["n"] >= 2 and d1.get("sd"):
+        power["observed_sd"] = {"sd": d1["sd"], "t_at_0.3": power_paired(0.3, d1["sd"], n),
+                                "tost_at_0": power_tost(0.0, d1["sd"], n, EQUIVALENCE_MARGIN, ALPHA)}
+    whole = d1["pipelines"]
+    cell = "canvas 1.25x"
+
+    def rows(block):  # row -> mean [CI] over pipelines at the cell
+        return {row: {m: mean_interval([v[m] for _, v in sorted(cells[cell].items(), key=lambda kv: int(kv[0]))])
+                      for m in ("box", "mask")} for row, cells in block.items() if cell in cells}
+
+    finetuned = {row: {m: mean_interval([statistics.fmean(v[str(s)][m] for s in seeds) for p, v in
+                                         sorted(cells.get(cell, {}).items(), key=lambda kv: int(kv[0]))
+                                         if all(str(s) in v for s in seeds)]) for m in ("box", "mask")}
+                 for row, cells in data["finetuned"].items()}
+    diag = diagnosis(data)
+    ne, ap = data.get("no_embedding") or {}, data["ap64"].get("abs", {})
+    reliance_per = {p: ap[p]["box"] - ne[p]["box"] for p in sorted(set(ne) & set(ap), key=int)}
+    return {"study": asdict(f), "data": data, "declared_pipelines": list(declared), "whole_pipelines": whole,
+            "interim": interim, "complete": interim is None and len(whole) == n, "tests": tests, "evaluation_noise": noise,
+            "power": power, "margin": EQUIVALENCE_MARGIN,
+            "ap64": {m: mean_interval([v[m] for _, v in sorted(ap.items(), key=lambda kv: int(kv[0]))])
+                     for m in ("box", "mask")},
+            "reliance": diag["reliance"], "reliance_per_pipeline": reliance_per,
+            "finetuned": finetuned, "zero_shot": rows(data["zero_shot"]),
+            "sentence": equivalence_sentence(d1, n, len(whole))}
+
+
+def _p3(p: float) -> str:
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def equivalence_sentence(t: dict, declared_n: int, whole: int) -> str:
+    """The study's result in one sentence a researcher can quote (D1, box AP)."""
+    if t["n"] < 2:
+        return f"Interim: {whole} of {declared_n} declared pipelines whole; no estimate yet."
+    est = (f"abs-win - naive after finetuning at canvas 1.25x is {t['mean']:+.2f} box AP [95% CI "
+           f"{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}] over {t['n']} independently trained detectors (TOST p "
+           f"{_p3(t['tost_p_lower'])} / {_p3(t['tost_p_upper'])} at +-{t['margin']:g}, t p {_p3(t['p_t'])})")
+    if t["verdict"].startswith("interim"):
+        return f"Interim ({whole} of {declared_n} declared pipelines whole, no verdict): {est}."
+    word = t["verdict"].split(" (Holm")[0]
+    return f"{est[0].upper()}{est[1:]}: {word} (Holm over D1 / D2)."

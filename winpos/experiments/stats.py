@@ -117,19 +117,36 @@ def mean_interval(values: list, level: float = 0.95) -> dict:
 def sign_flip_p(diffs: list, alternative: str = "two-sided") -> float:
     """Exact sign-flip (randomisation) p of mean(diffs) = 0 against ``alternative`` ("two-sided" or "greater"):
     the share of the 2^n sign patterns whose mean is at least as extreme. Its smallest value is 2 / 2^n
-    (two-sided) or 1 / 2^n."""
+    (two-sided) or 1 / 2^n. Exact for n up to 40: the sums of the two halves' sign patterns are enumerated apart
+    (2^(n/2) each) and paired by bisection on the sorted second half (meet in the middle), not 2^n sums."""
+    import bisect
+
     n = len(diffs)
     if n == 0:
         raise WinposError("sign_flip_p needs at least one difference")
-    if n > 20:
-        raise WinposError(f"sign_flip_p enumerates 2^n patterns; n={n} is too many (use at most 20)")
+    if n > 40:
+        raise WinposError(f"sign_flip_p enumerates 2^(n/2) patterns per half; n={n} is too many (use at most 40)")
+    if alternative not in ("two-sided", "greater"):
+        raise WinposError(f"alternative {alternative!r} must be 'two-sided' or 'greater'")
     obs = sum(diffs)
     tol = 1e-12 * max(1.0, sum(abs(d) for d in diffs))
+
+    def sums(values):
+        out = [0.0]
+        for v in values:
+            out = [x + v for x in out] + [x - v for x in out]
+        return out
+
+    left, right = sums(diffs[: n // 2]), sorted(sums(diffs[n // 2:]))
     hits = 0
-    for signs in itertools.product((1, -1), repeat=n):
-        s = sum(sg * d for sg, d in zip(signs, diffs))
-        hits += (abs(s) >= abs(obs) - tol) if alternative == "two-sided" else (s >= obs - tol)
-    return hits / 2 ** n
+    for a in left:  # patterns with a + b >= threshold (and, two-sided, a + b <= -threshold)
+        if alternative == "two-sided":
+            edge = abs(obs) - tol
+            hits += len(right) - bisect.bisect_left(right, edge - a)
+            hits += bisect.bisect_right(right, -edge - a) if edge > 0 else 0
+        else:
+            hits += len(right) - bisect.bisect_left(right, obs - tol - a)
+    return min(hits, 2 ** n) / 2 ** n
 
 
 def t_test(diffs: list, shift: float = 0.0, alternative: str = "two-sided", level: float = 0.95) -> dict:
@@ -153,6 +170,27 @@ def t_test(diffs: list, shift: float = 0.0, alternative: str = "two-sided", leve
     return res
 
 
+def tost(diffs: list, margin: float, alpha: float = 0.05) -> dict:
+    """Two one-sided t tests (TOST) of equivalence within +-``margin``: ``p_lower`` of H0 mean <= -margin and
+    ``p_upper`` of H0 mean >= +margin, each one-sided with n - 1 degrees of freedom; ``p`` = the larger of the two
+    (equivalence is shown at level ``alpha`` when ``p`` < ``alpha``, which is when the two-sided 1 - 2 ``alpha``
+    interval ``ci`` lies inside +-``margin``)."""
+    if not margin > 0:
+        raise WinposError(f"the equivalence margin {margin!r} must be > 0")
+    n = len(diffs)
+    out = {"n": n, "margin": margin, "alpha": alpha, "p_lower": None, "p_upper": None, "p": None, "ci": None}
+    if n < 2:
+        return out
+    mean, _, se, half = _t_interval(diffs, 1 - 2 * alpha)
+    if se == 0:
+        lower, upper = float(mean <= -margin), float(mean >= margin)
+    else:
+        lower = 1 - t_cdf((mean + margin) / se, n - 1)
+        upper = t_cdf((mean - margin) / se, n - 1)
+    out.update(p_lower=lower, p_upper=upper, p=max(lower, upper), ci=(mean - half, mean + half))
+    return out
+
+
 def holm(pvalues: dict) -> dict:
     """Holm's step-down adjustment of ``{name: p}``; a test with p None (not run) counts in the family as p = 1,
     so the adjustment of the others stays valid while it is missing."""
@@ -168,18 +206,9 @@ def _normal_cdf(x: float) -> float:
     return 0.5 * math.erfc(-x / math.sqrt(2.0))
 
 
-def power_paired(effect: float, sd: float, n: int, alpha: float = 0.05, points: int = 2000) -> float:
-    """Power of a two-sided one-sample t test at level ``alpha`` with ``n`` values whose true mean is ``effect`` and
-    standard deviation ``sd``: P(|T| > t_crit) for T noncentral t with n - 1 degrees of freedom and noncentrality
-    effect * sqrt(n) / sd. Exact up to the quadrature: T = (Z + delta) / (U / sqrt(df)) with U chi-distributed, so
-    the power is the expectation over U of Phi(delta - c U / sqrt(df)) + Phi(-delta - c U / sqrt(df)), integrated
-    by Simpson's rule over U's density on its mode +- 12. At effect 0 it is ``alpha``. (The normal approximation
-    with the t critical value, which it replaces, gave about 0 instead of 0.05 at n = 3.)"""
-    if sd <= 0 or n < 2:
-        return float("nan")
-    df = n - 1
-    crit = t_quantile(1 - alpha / 2, df)
-    delta = abs(effect) * math.sqrt(n) / sd
+def _over_chi(df: int, fn, points: int = 2000) -> float:
+    """E[fn(U)] for U chi-distributed with ``df`` degrees of freedom (the sample sd is sd U / sqrt(df)), by
+    Simpson's rule over U's density on its mode +- 12."""
     log_norm = math.log(2.0) - (df / 2) * math.log(2.0) - math.lgamma(df / 2)  # chi density's constant
     lo = max(0.0, math.sqrt(max(df - 1, 0)) - 12.0)
     step = (math.sqrt(max(df - 1, 0)) + 12.0 - lo) / points
@@ -190,10 +219,49 @@ def power_paired(effect: float, sd: float, n: int, alpha: float = 0.05, points: 
             density = math.exp(log_norm + (df - 1) * math.log(u) - u * u / 2)
         else:  # the density at 0 is 0 unless df = 1
             density = math.exp(log_norm) if df == 1 else 0.0
-        s = crit * u / math.sqrt(df)
         weight = 1 if i in (0, points) else (4 if i % 2 else 2)
-        total += weight * density * (_normal_cdf(delta - s) + _normal_cdf(-delta - s))
-    return min(1.0, total * step / 3)
+        total += weight * density * fn(u)
+    return total * step / 3
+
+
+def power_paired(effect: float, sd: float, n: int, alpha: float = 0.05, points: int = 2000) -> float:
+    """Power of a two-sided one-sample t test at level ``alpha`` with ``n`` values whose true mean is ``effect`` and
+    standard deviation ``sd``: P(|T| > t_crit) for T noncentral t with n - 1 degrees of freedom and noncentrality
+    effect * sqrt(n) / sd. Exact up to the quadrature: T = (Z + delta) / (U / sqrt(df)) with U chi-distributed, so
+    the power is the expectation over U of Phi(delta - c U / sqrt(df)) + Phi(-delta - c U / sqrt(df)) (``_over_chi``).
+    At effect 0 it is ``alpha``. (The normal approximation with the t critical value, which it replaces, gave about 0
+    instead of 0.05 at n = 3.)"""
+    if sd <= 0 or n < 2:
+        return float("nan")
+    df = n - 1
+    crit = t_quantile(1 - alpha / 2, df)
+    delta = abs(effect) * math.sqrt(n) / sd
+
+    def rejected(u):
+        s = crit * u / math.sqrt(df)
+        return _normal_cdf(delta - s) + _normal_cdf(-delta - s)
+
+    return min(1.0, _over_chi(df, rejected, points))
+
+
+def power_tost(true_diff: float, sd: float, n: int, margin: float, alpha: float = 0.05, points: int = 2000) -> float:
+    """Power of TOST (``tost``) at level ``alpha`` with ``n`` values of true mean ``true_diff`` and standard deviation
+    ``sd``: the probability that -margin + c s / sqrt(n) < mean < margin - c s / sqrt(n), with c the one-sided
+    1 - ``alpha`` t quantile and s the sample sd. With s = sd U / sqrt(df) (U chi-distributed) and the mean normal,
+    the expectation over U (``_over_chi``) of the normal probability of that window (0 where it is empty)."""
+    if sd <= 0 or n < 2:
+        return float("nan")
+    df = n - 1
+    crit = t_quantile(1 - alpha, df)
+    root = math.sqrt(n)
+
+    def inside(u):
+        width = margin - crit * sd * u / math.sqrt(df) / root  # the mean must lie within +-width
+        if width <= 0:
+            return 0.0
+        return _normal_cdf((width - true_diff) * root / sd) - _normal_cdf((-width - true_diff) * root / sd)
+
+    return min(1.0, _over_chi(df, inside, points))
 
 
 def n_for_power(effect: float, sd: float, target: float = 0.8, alpha: float = 0.05) -> int | None:
