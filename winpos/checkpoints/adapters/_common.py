@@ -151,3 +151,18 @@ def split_blocks(state_dict: dict, prefix: str = "") -> tuple[dict, dict]:
         else:
             others[name] = key
     return blocks, others
+
+
+def rope_vit_top_level(adapted: Adapted, name: str, key: str, value: torch.Tensor, family: str) -> None:
+    """The keys outside the blocks that DINOv3, EVA-02 and RoPE-ViT files share: the cls token (dropped), the final
+    norms and classifier (ignored), the patch embedding (kept); any other key is reported as unknown."""
+    if name == "cls_token":
+        adapted.ignore(key, CLS_TOKEN)
+    elif name.startswith(("norm.", "fc_norm.")):
+        adapted.ignore(key, FINAL_NORM)
+    elif name.startswith("head."):
+        adapted.ignore(key, "classifier head")
+    elif name.startswith("patch_embed."):
+        adapted.trunk[name] = (key, value)
+    else:
+        adapted.ignore(key, f"not part of the {family} trunk", known=False)

@@ -8,7 +8,8 @@ four storage (register) tokens are dropped too and reported as lost (see ``_comm
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters._common import CLS_TOKEN, FINAL_NORM, REGISTER_TOKENS, rope_vit_blocks, split_blocks
+from winpos.checkpoints.adapters._common import (FINAL_NORM, REGISTER_TOKENS, rope_vit_blocks, rope_vit_top_level,
+                                                 split_blocks)
 from winpos.checkpoints.convert import Adapted
 
 
@@ -16,21 +17,17 @@ def adapt(state_dict: dict) -> Adapted:
     a = Adapted("dinov3")
     blocks, others = split_blocks(state_dict)
     for name, key in others.items():
-        if name == "cls_token":
-            a.ignore(key, CLS_TOKEN)
-        elif name in ("storage_tokens", "reg_token"):
+        if name in ("storage_tokens", "reg_token"):
             a.ignore(key, REGISTER_TOKENS, lost=True)
         elif name == "mask_token":
             a.ignore(key, "masked-token embedding of pretraining")
-        elif name.startswith(("norm.", "fc_norm.", "local_cls_norm.")):
+        elif name.startswith("local_cls_norm."):
             a.ignore(key, FINAL_NORM)
-        elif name.startswith(("head.", "projectors.")):
-            a.ignore(key, "classifier or distillation head")
+        elif name.startswith("projectors."):
+            a.ignore(key, "distillation head")
         elif name.startswith("rope_embed.") or name.endswith(".periods"):
             a.ignore(key, "fixed RoPE periods (base 100), computed by winpos's RoPE")
-        elif name.startswith("patch_embed."):
-            a.trunk[name] = (key, state_dict[key])
         else:
-            a.ignore(key, "not part of the DINOv3 trunk", known=False)
+            rope_vit_top_level(a, name, key, state_dict[key], "DINOv3")
     rope_vit_blocks(a, blocks)
     return a

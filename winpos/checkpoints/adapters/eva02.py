@@ -10,7 +10,7 @@ reported and ignored.
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters._common import CLS_TOKEN, FINAL_NORM, flat_abs, rope_vit_blocks, split_blocks
+from winpos.checkpoints.adapters._common import flat_abs, rope_vit_blocks, rope_vit_top_level, split_blocks
 from winpos.checkpoints.convert import Adapted
 
 PREFIX = "backbone.net."
@@ -26,21 +26,13 @@ def adapt(state_dict: dict) -> Adapted:
                 a.ignore(k, "detector part outside the ViT trunk (pyramid, RPN, ROI heads)")
     blocks, others = split_blocks(state_dict, prefix)
     for name, key in others.items():
-        if name == "cls_token":
-            a.ignore(key, CLS_TOKEN)
-        elif name == "pos_embed":
+        if name == "pos_embed":
             a.position = flat_abs(key, state_dict[key])
         elif name == "mask_token" or name.startswith("lm_head."):
             a.ignore(key, "masked-image-modeling token / head of pretraining")
-        elif name.startswith(("norm.", "fc_norm.")):
-            a.ignore(key, FINAL_NORM)
-        elif name.startswith("head."):
-            a.ignore(key, "classifier head")
         elif name.startswith("rope."):
             a.ignore(key, "fixed RoPE table, computed by winpos's RoPE")
-        elif name.startswith("patch_embed."):
-            a.trunk[name] = (key, state_dict[key])
         else:
-            a.ignore(key, "not part of the EVA-02 trunk", known=False)
+            rope_vit_top_level(a, name, key, state_dict[key], "EVA-02")
     rope_vit_blocks(a, blocks)
     return a

@@ -10,7 +10,7 @@ are computed, not loaded; the cls token is dropped like MAE's.
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters._common import CLS_TOKEN, FINAL_NORM, flat_abs, rope_vit_blocks, split_blocks
+from winpos.checkpoints.adapters._common import flat_abs, rope_vit_blocks, rope_vit_top_level, split_blocks
 from winpos.checkpoints.convert import Adapted
 
 
@@ -19,22 +19,14 @@ def adapt(state_dict: dict) -> Adapted:
     blocks, others = split_blocks(state_dict)
     for name, key in others.items():
         value = state_dict[key]
-        if name == "cls_token":
-            a.ignore(key, CLS_TOKEN)
-        elif name == "pos_embed":
+        if name == "pos_embed":
             a.position = flat_abs(key, value, has_cls=False)
         elif name in ("freqs", "rope.freqs"):
             for i in range(value.shape[1]):
                 a.trunk[f"blocks.{i}.attn.rope.freqs"] = (key, value[:, i].flip(0))  # (f_x, f_y) -> (f_y, f_x)
         elif name in ("freqs_t_x", "freqs_t_y"):
             a.ignore(key, "token coordinate buffer, computed by winpos's RoPE")
-        elif name.startswith(("norm.", "fc_norm.")):
-            a.ignore(key, FINAL_NORM)
-        elif name.startswith("head."):
-            a.ignore(key, "classifier head")
-        elif name.startswith("patch_embed."):
-            a.trunk[name] = (key, value)
         else:
-            a.ignore(key, "not part of the RoPE-ViT trunk", known=False)
+            rope_vit_top_level(a, name, key, value, "RoPE-ViT")
     rope_vit_blocks(a, blocks)
     return a
