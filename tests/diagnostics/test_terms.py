@@ -215,6 +215,6 @@ def test_checkpoint_supplies_learned_frequencies_and_table_lengths(tmp_path):
     torch.save(shared.state_dict(), tmp_path / "shared.pth")  # one frequency set for all heads: not this model's
     with pytest.raises(WinposError, match=r"frequencies have shape \(2, 1, 8\), the model's \(2, 3, 8\)"):
         diagnose("vitdet_toy", 224, recipe="rope", overrides=overrides, checkpoint=str(tmp_path / "shared.pth"))
-    with pytest.raises(WinposError, match="no block position entries"):
+    with pytest.raises(WinposError, match="holds no ViT blocks"):
         torch.save({"w": torch.zeros(1)}, tmp_path / "none.pth")
         diagnose("vitdet_toy", 1024, checkpoint=str(tmp_path / "none.pth"))

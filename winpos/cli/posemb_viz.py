@@ -82,13 +82,19 @@ def run(argv=None):
         raise WinposError("doctor: no config or preset given; pass e.g. configs/COCO/mask_rcnn_vitdet_b_100ep.py")
     from winpos.d2.doctor import diagnose_many
 
+    # every model is checked (on the meta device: cheap) before anything is printed or written, so the figures
+    # this run will write are known and the output folder is checked before any is
+    results = list(diagnose_many(targets, args.image_size, args.recipe, overrides, args.rope_trained_size,
+                                 args.checkpoint))
+    stems = {target: f"{Path(target).stem}_{report.image_size}px" for target, report, _ in results if report}
     if args.plots:
-        from winpos.diagnostics.plots import prepare_report_dir
+        from winpos.diagnostics.term_plots import figure_names, plot_terms
+        from winpos.outputs import check_output_dir
 
-        prepare_report_dir(args.plots, force=args.force, flag="--plots")  # before any work
+        planned = [name for target, report, _ in results if report for name in figure_names(report, stems[target])]
+        check_output_dir(args.plots, planned=planned, force=args.force, flag="--plots")
     bug = errors = 0
-    for target, report, error in diagnose_many(targets, args.image_size, args.recipe, overrides,
-                                               args.rope_trained_size, args.checkpoint):
+    for target, report, error in results:
         if error:
             print(f"error: {error}", file=sys.stderr)
             errors += 1
@@ -96,11 +102,8 @@ def run(argv=None):
         print(report.text(), flush=True)
         bug += not report.ok
         if args.plots:
-            from winpos.diagnostics.term_plots import plot_terms
-
-            stem = f"{Path(target).stem}_{report.image_size}px"
-            for path in plot_terms(report.terms, args.plots, stem, title=f"{report.target} at {report.image_size} px",
-                                   doctor=report):
+            title = f"{report.target} at {report.image_size} px"
+            for path in plot_terms(report.terms, args.plots, stems[target], title=title, doctor=report):
                 print(f"  wrote {path}")
     return EXIT_USAGE if errors else (1 if bug else 0)
 

@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from winpos.diagnostics.plots import _save
 
-__all__ = ["plot_abs_windows", "plot_rope", "plot_relpos", "plot_terms"]
+__all__ = ["figure_names", "plot_abs_windows", "plot_rope", "plot_relpos", "plot_terms"]
 
 NEW_COLOR, REF_COLOR, SHADE = "tab:red", "tab:blue", "#f4c7c3"
 
@@ -30,14 +30,18 @@ def _slot_order(ref_span: np.ndarray) -> np.ndarray:
 
 
 def plot_rope(reports, path, title: str = "", pdf: bool = False) -> list[Path]:
-    """One column per RoPE ``TermReport`` (block kind). Per-head slots are drawn as their largest value over heads
-    (the worst case the verdict counts)."""
+    """One column per RoPE ``TermReport`` (block kind). Per-head slots are drawn for the worst head: the angle range
+    of the head that turned least in training (the one that meets unseen angles first), the step of the fastest."""
     fig = Figure(figsize=(5.2 * len(reports), 6.4), layout="constrained")
     axes = fig.subplots(2, len(reports), squeeze=False)
     for col, rep in enumerate(reports):
         new, ref = rep.data["new"], rep.data["ref"]
-        ref_span, new_span = ref.span.max(0), new.span.max(0)
+        heads = ref.span.shape[0]
+        least = ref.span.argmin(0)  # per slot, the head that turned least over the trained offsets
+        cols = np.arange(ref.span.shape[1])
+        ref_span, new_span = ref.span[least, cols], new.span[least, cols]
         ref_step, new_step = ref.step.max(0), new.step.max(0)
+        worst = " (least-turning head)" if heads > 1 else ""
         hot, alias = rep.data["new_angles"].any(0), rep.data["aliased"].any(0)
         order = _slot_order(ref_span)
         x = np.arange(len(order))
@@ -48,7 +52,8 @@ def plot_rope(reports, path, title: str = "", pdf: bool = False) -> list[Path]:
             if alias[slot]:
                 bottom.axvspan(i - 0.5, i + 0.5, color=SHADE, lw=0)
         w = 0.38
-        top.bar(x - w / 2, ref_span[order], w, color=REF_COLOR, label=f"trained ({ref.grid[0]}x{ref.grid[1]} tokens)")
+        top.bar(x - w / 2, ref_span[order], w, color=REF_COLOR,
+                label=f"trained ({ref.grid[0]}x{ref.grid[1]} tokens){worst}")
         top.bar(x + w / 2, new_span[order], w, color=NEW_COLOR, label=f"now ({new.grid[0]}x{new.grid[1]} tokens)")
         top.axhline(math.pi, color="k", ls="--", lw=1)
         top.text(len(x) - 0.5, math.pi * 1.08, "half a turn (pi)", ha="right", va="bottom", fontsize=8)
@@ -57,11 +62,13 @@ def plot_rope(reports, path, title: str = "", pdf: bool = False) -> list[Path]:
         top.set_ylabel("angle range over token pairs (rad)")
         blocks = ", ".join(map(str, rep.group.blocks))
         k = int(rep.data["new_angles"].sum())
-        top.set_title(f"{rep.level}: {rep.group.kind} blocks ({blocks})\n"
-                      f"{k} slot{'s' if k != 1 else ''} rotate into unseen angles (shaded)", fontsize=9)
+        what = (f"{k} of {rep.data['new_angles'].size} (head, slot) pairs meet unseen angles\n(shaded: in some head)"
+                if heads > 1 else f"{k} slot{'s' if k != 1 else ''} rotate into unseen angles (shaded)")
+        top.set_title(f"{rep.level}: {rep.group.kind} blocks ({blocks})\n{what}", fontsize=9)
         top.legend(fontsize=8, loc="upper right")
-        bottom.plot(x, ref_step[order], "o-", color=REF_COLOR, ms=4, label="trained")
-        bottom.plot(x, new_step[order], "s--", color=NEW_COLOR, ms=4, label="now")
+        fastest = " (fastest head)" if heads > 1 else ""
+        bottom.plot(x, ref_step[order], "o-", color=REF_COLOR, ms=4, label=f"trained{fastest}")
+        bottom.plot(x, new_step[order], "s--", color=NEW_COLOR, ms=4, label=f"now{fastest}")
         bottom.axhline(math.pi, color="k", ls="--", lw=1)
         bottom.text(len(x) - 0.5, math.pi * 1.08, "aliasing above pi", ha="right", va="bottom", fontsize=8)
         bottom.set_yscale("log")
@@ -138,12 +145,23 @@ def plot_abs_windows(grid, pretrain_grid, window: int, path, title: str = "", pd
     return _save(fig, path, pdf)
 
 
+def _draws_abs(doctor) -> bool:
+    return doctor is not None and not doctor.ok and bool(doctor.pretrain_grid) and bool(doctor.window_sizes)
+
+
+def figure_names(doctor, stem: str) -> list[str]:
+    """The file names ``plot_terms(doctor.terms, ..., stem, doctor=doctor)`` writes (PNG)."""
+    names = [f"{stem}_abs_windows.png"] if _draws_abs(doctor) else []
+    return names + [f"{stem}_{term.lower()}.png" for term in ("RoPE", "relpos")
+                    if any(r.term == term for r in doctor.terms)]
+
+
 def plot_terms(reports, out_dir, stem: str, title: str = "", pdf: bool = False, doctor=None) -> list[Path]:
     """``plot_rope`` and ``plot_relpos`` for the terms present in ``reports``: ``<stem>_rope.png``,
     ``<stem>_relpos.png`` in ``out_dir``, and with a ``doctor`` report that found the bug, ``plot_abs_windows``
     (``<stem>_abs_windows.png``). Returns the written paths."""
     out = []
-    if doctor is not None and not doctor.ok and doctor.pretrain_grid and doctor.window_sizes:
+    if _draws_abs(doctor):
         out += plot_abs_windows(doctor.grid, doctor.pretrain_grid, doctor.window_sizes[0],
                                 Path(out_dir) / f"{stem}_abs_windows.png", title=f"absolute embedding: {title}",
                                 pdf=pdf)

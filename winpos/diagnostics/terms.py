@@ -27,6 +27,7 @@ the term was trained on:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -251,8 +252,6 @@ def block_position_state(state: dict, depth: int) -> dict:
     """The position entries of a backbone checkpoint, keyed by block: ``{i: {"freqs" | "rel_pos_h" | "rel_pos_w":
     tensor}}``. Keys are matched by their tail ``blocks.<i>.attn.<name>``, so a detector's checkpoint
     (``backbone.net.blocks...``) reads like the backbone's own."""
-    import re
-
     out: dict = {}
     for key, value in state.items():
         m = re.search(r"(?:^|\.)blocks\.(\d+)\.attn\.(?:rope\.)?(freqs|rel_pos_h|rel_pos_w)$", key)
@@ -298,9 +297,9 @@ def position_terms(net, image_size: int, trained_px: int | None = None, state: d
     else:
         source = "given"
     blocks = block_position_state(state, len(net.blocks)) if state is not None else {}
-    if state is not None and not blocks:
-        raise WinposError("the checkpoint holds no block position entries (blocks.<i>.attn.rel_pos_h / rope.freqs); "
-                          "pass the winpos checkpoint converted for this preset (winpos-convert --to PRESET)")
+    if state is not None and not any(re.search(r"(?:^|\.)blocks\.\d+\.attn\.", k) for k in state):
+        raise WinposError("the checkpoint holds no ViT blocks (blocks.<i>.attn.*): it is not a winpos checkpoint of "
+                          "this model; pass the one converted for this preset (winpos-convert --to PRESET)")
     out = []
     for group in block_groups(net, image_size, trained_px):
         attn = net.blocks[group.blocks[0]].attn
@@ -324,6 +323,7 @@ def position_terms(net, image_size: int, trained_px: int | None = None, state: d
         else:
             rep = rope_report(modules[0][0], group, note)
             if not modules[0][1]:
-                rep.lines.append("learned frequencies read at their initialization (no checkpoint given)")
+                rep.lines.append("learned frequencies read at their initialization (" +
+                                 ("not in the checkpoint)" if state is not None else "no checkpoint given)"))
         out.append(rep)
     return out
