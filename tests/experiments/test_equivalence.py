@@ -306,3 +306,32 @@ def test_ctrl_c_is_one_line_and_starts_no_further_run(tmp_path, capsys, monkeypa
     assert code == 130 and started == ["p0/rope/stage0"]
     assert err == ["interrupted: the runs that finished are kept (and archived with --archive); the same command "
                    "continues from them"]
+
+
+def test_split_half_ap_scores_each_half_and_the_whole_set_with_pycocotools(tmp_path, monkeypatch):
+    """The evaluation-noise readout of a run (child.split_half_ap) on a tiny evaluation set of its own: detections
+    equal to the ground truth of the even images only score AP 100 on the even half, 0 on the odd half and about
+    half on the whole set (the one-class json the evaluation uses)."""
+    import pycocotools.mask as mask_utils
+
+    from winpos.data.shapes import ensure_shapes_dataset, one_class_json
+    from winpos.experiments.child import split_half_ap
+
+    monkeypatch.setenv("WINPOS_DATA", str(tmp_path / "data"))
+    shapes = dict(image_size=64, train_images=2, val_images=6, min_objects=1, max_objects=2, val_seed=112)
+    spec = dict(name="t", kind="detect", config=CONFIG, encoding="abs_learned", size=64, shapes=shapes, iters=0,
+                seed=0, lr=1e-3, init="", threads=1, out=str(tmp_path / "run"))
+    gt = json.loads(one_class_json(ensure_shapes_dataset(**shapes)["shapes_val"][0]).read_text())
+    ids = sorted(im["id"] for im in gt["images"])
+    dets = []
+    for a in gt["annotations"]:  # the even images' objects, exactly
+        if a["image_id"] in ids[0::2]:
+            rle = mask_utils.merge(mask_utils.frPyObjects(a["segmentation"], 64, 64))
+            dets.append({"image_id": a["image_id"], "category_id": 1, "bbox": a["bbox"], "score": 1.0,
+                         "segmentation": dict(rle, counts=rle["counts"].decode())})
+    (tmp_path / "run" / "inference").mkdir(parents=True)
+    (tmp_path / "run" / "inference" / "coco_instances_results.json").write_text(json.dumps(dets))
+    res = split_half_ap(spec)
+    assert res["bbox"] == [pytest.approx(100.0), pytest.approx(0.0)]
+    assert res["segm"] == [pytest.approx(100.0), pytest.approx(0.0)]
+    assert 20 < res["all"]["bbox"] < 80  # half the objects found, each perfectly
