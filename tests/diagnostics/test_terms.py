@@ -218,3 +218,16 @@ def test_checkpoint_supplies_learned_frequencies_and_table_lengths(tmp_path):
     with pytest.raises(WinposError, match="holds no ViT blocks"):
         torch.save({"w": torch.zeros(1)}, tmp_path / "none.pth")
         diagnose("vitdet_toy", 1024, checkpoint=str(tmp_path / "none.pth"))
+
+
+def test_a_trained_size_compares_each_block_kind_with_itself():
+    """SAM3's encoder was trained at 1008 px with its windows: window blocks (24-token windows, positions rescaled
+    into 24) step 1 as trained, global blocks step 24/72 as trained: all OK. Against the 336-px pretraining (global
+    attention on 24x24) the global blocks are x3 compressed; at 1344 px against 1008 they step 24/96 against 24/72."""
+    assert all(t.level == "OK" for t in diagnose("vitdet_sam3_toy", 1008, trained_size=1008).terms)
+    glob = _terms(diagnose("vitdet_sam3_toy", 1008))[("RoPE", "global")]
+    assert glob.data["step_ratio"] == pytest.approx([1 / 3, 1 / 3]) and "COMPRESSED" in glob.text()
+    terms = _terms(diagnose("vitdet_sam3_toy", 1344, trained_size=1008))
+    assert terms[("RoPE", "global")].data["step_ratio"] == pytest.approx([72 / 96] * 2)
+    assert terms[("RoPE", "window")].level == "OK"
+    assert "window attention on 24x24 tokens at 1008 px" in terms[("RoPE", "window")].text()

@@ -13,16 +13,18 @@
     winpos-posemb doctor CONFIG_OR_PRESET [CONFIG_OR_PRESET ...] [--image-size N] [--recipe R]
                                      [--rope-trained-size PX] [--checkpoint CKPT] [--plots DIR] [--force]
                                      [key=value ...]
-        Says whether each model interpolates an absolute embedding under window attention at that size ([BUG]),
-        which blocks are affected, and the fix (an override or command to paste); then, per block kind, what its
-        RoPE (positions and rotation angles against the trained range: extrapolation, compression, aliasing) and
-        relpos tables (how far they are stretched) see at that size ([WARN] where training never showed it).
-        --checkpoint reads the learned RoPE frequencies and relpos table lengths of a converted winpos checkpoint
-        of that model. --plots writes one figure per term. Several configs or presets run in one process. Exit status 1 when the
-        bug is present in any (a warning alone is 0). Overrides are strict, as in winpos-train.
+        A target is a LazyConfig .py file (or a config name), a run's output_dir/config.yaml, or a backbone preset
+        (presets need no detectron2). Says whether each model interpolates an absolute embedding under window
+        attention at that size ([BUG]), which blocks are affected, and the fix (an override or command to paste);
+        then, per block kind, what its RoPE (positions and rotation angles against the trained range:
+        extrapolation, compression, aliasing) and relpos tables (how far they are stretched) see at that size
+        ([WARN] where training never showed it). --checkpoint reads the learned RoPE frequencies and relpos table
+        lengths of a converted winpos checkpoint of that model. --plots writes one figure per term. Several configs
+        or presets run in one process. Exit status 1 when the bug is present in any (a warning alone is 0).
+        Overrides are strict, as in winpos-train.
 
-Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0): one
-"error:" line and exit status 2.
+Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0) or a package
+missing here (detectron2 for a config): one "error:" line and exit status 2, which no verdict uses (0 OK, 1 BUG).
 """
 import argparse
 import sys
@@ -53,15 +55,16 @@ def build_parser():
                    help="replace the report.json and figures of an earlier run in --out (its listed figures are removed)")
     d = sub.add_parser("doctor", help="check configs or presets for the interpolation bug")
     d.add_argument("targets", nargs="+", metavar="TARGET",
-                   help="LazyConfig .py files or backbone preset names, then key=value overrides (applied to each)")
+                   help="LazyConfig .py files, a run's config.yaml or backbone preset names, then key=value overrides "
+                        "(applied to each)")
     d.add_argument("--image-size", type=positive_int, default=None, help="image size in px (default: the model's)")
     d.add_argument("--recipe", default=None,
                    help="position-encoding recipe (original, paper, rope, lookhere; default: the config's own, or "
                         "original for a preset)")
     d.add_argument("--rope-trained-size", type=positive_int, default=None, metavar="PX",
-                   help="image size in px the RoPE was trained at, with global attention (default: the model's "
-                        "pretraining size, pretrain_img_size; a RoPE first trained in detection finetuning: that "
-                        "size, e.g. 1024)")
+                   help="image size in px the model's RoPE was trained at in this window layout (a detector "
+                        "finetuned at 1024, SAM3's encoder at 1008): each block kind is compared with itself there "
+                        "(default: the pretraining, global attention at pretrain_img_size)")
     d.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="a winpos checkpoint of the model (winpos-convert's output, or a trained detector's): its "
                         "learned RoPE frequencies and relpos tables are read (default: the model's own, learned "
@@ -80,7 +83,12 @@ def run(argv=None):
     overrides = [t for t in args.targets if "=" in t]
     if not targets:
         raise WinposError("doctor: no config or preset given; pass e.g. configs/COCO/mask_rcnn_vitdet_b_100ep.py")
-    from winpos.d2.doctor import diagnose_many
+    from winpos.diagnostics.doctor import CONFIG_SUFFIXES
+
+    if any(t.endswith(CONFIG_SUFFIXES) for t in targets):
+        from winpos.d2.doctor import diagnose_many  # a config is loaded with detectron2's LazyConfig
+    else:  # presets only: no detectron2 needed
+        from winpos.diagnostics.doctor import diagnose_presets as diagnose_many
 
     # every model is checked (on the meta device: cheap) before anything is printed or written, so the figures
     # this run will write are known and the output folder is checked before any is

@@ -18,6 +18,10 @@ the term was trained on:
     (compression: offsets between trained ones the model never saw) or grows.
   - *aliasing*: a slot turning more than pi per token: one step reads as a smaller turn the other way.
 
+  The reference is the pretraining (global attention over the ``pretrain_img_size`` grid) by default; with a
+  trained size given (``trained_px``: a detector finetuned at 1024 px, SAM3's encoder at 1008 px) it is the model's
+  own window layout at that size: window blocks against their window, global blocks against the grid there.
+
 * **relpos**: the stored table (length ``2S-1``, offsets ``|d| <= S-1``) is linearly resampled to ``2K-1`` for a
   key extent K; the stretch ``(2K-1)/(2S-1)`` and the offsets beyond the trained ones are reported.
 
@@ -50,7 +54,7 @@ class BlockGroup:
     term: str
     blocks: list
     extent: tuple  # key grid the term covers at the new size: the window, or the block's whole input grid
-    trained_extent: tuple  # ... at the trained size (global attention over the trained grid)
+    trained_extent: tuple  # ... at the trained size (the pretraining: global attention over the trained grid)
     grid: tuple = ()  # the block's whole input grid at the new size (window blocks: what image coordinates span)
 
 
@@ -117,7 +121,7 @@ def _positions(r: RopeRange) -> str:
 
 
 def rope_report(rope, group: BlockGroup, reference_note: str) -> TermReport:
-    """Compare ``rope`` on ``group.extent`` with global attention on ``group.trained_extent`` (see module doc)."""
+    """Compare ``rope`` on ``group.extent`` with ``rope`` on ``group.trained_extent`` (see module doc)."""
     new, ref = rope_range(rope, group.extent), rope_range(rope, group.trained_extent)
     rep = TermReport("RoPE", group)
     slots = new.span.size
@@ -225,9 +229,10 @@ def trained_image_px(net) -> tuple[int, str]:
     return 224, "assumed: the model does not record its pretraining size"
 
 
-def block_groups(net, image_size: int, trained_px: int) -> list[BlockGroup]:
-    """The blocks with a RoPE or relpos term, grouped by (term, kind, extent), at ``image_size`` px; the trained
-    extent of every group is the whole grid at ``trained_px`` (global attention, as RoPE and MAE pretraining)."""
+def block_groups(net, image_size: int, trained_px: int, same_layout: bool = False) -> list[BlockGroup]:
+    """The blocks with a RoPE or relpos term, grouped by (term, kind, extent), at ``image_size`` px. The trained
+    extent of a RoPE group is the whole grid at ``trained_px`` (global attention, as RoPE pretraining), or with
+    ``same_layout`` the group's own extent at ``trained_px`` (its window, or the grid there)."""
     stride = getattr(net, "patch_size", None) or net.strides[0]
     grid = (-(-image_size // stride),) * 2
     ref = (-(-trained_px // stride),) * 2
@@ -239,7 +244,7 @@ def block_groups(net, image_size: int, trained_px: int) -> list[BlockGroup]:
             ws = attn.window_size
             kind = "window" if ws else "global"
             extent = (ws, ws) if ws else grid
-            trained = ref if term == "rope" else extent
+            trained = ((ws, ws) if ws and same_layout else ref) if term == "rope" else extent
             groups.setdefault((term, kind, extent, trained, grid), []).append(i)
         if attn.q_stride > 1:  # a pooling block hands a halved grid to the next one
             grid = tuple(-(-g // attn.q_stride) for g in grid)
@@ -290,18 +295,19 @@ def position_terms(net, image_size: int, trained_px: int | None = None, state: d
     """One ``TermReport`` per (term, block kind) of ``net`` (ViTDet or HieraDet) at a square ``image_size``;
     ``trained_px``: the image size the RoPE was trained at (default ``trained_image_px(net)``); ``state``: a
     checkpoint's state dict for ``net`` (learned RoPE frequencies, relpos table lengths), else the model's own."""
+    same_layout = trained_px is not None
     if trained_px is None:
         trained_px, source = trained_image_px(net)
         if source == "pretrain_img_size":
-            source += "; a RoPE first trained in finetuning: --rope-trained-size"
+            source += "; a RoPE trained in this window layout: --rope-trained-size"
     else:
-        source = "given"
+        source = "the given trained size, this window layout"
     blocks = block_position_state(state, len(net.blocks)) if state is not None else {}
     if state is not None and not any(re.search(r"(?:^|\.)blocks\.\d+\.attn\.", k) for k in state):
         raise WinposError("the checkpoint holds no ViT blocks (blocks.<i>.attn.*): it is not a winpos checkpoint of "
                           "this model; pass the one converted for this preset (winpos-convert --to PRESET)")
     out = []
-    for group in block_groups(net, image_size, trained_px):
+    for group in block_groups(net, image_size, trained_px, same_layout):
         attn = net.blocks[group.blocks[0]].attn
         if group.term == "relpos":
             mine = blocks.get(group.blocks[0], {})
@@ -311,7 +317,8 @@ def position_terms(net, image_size: int, trained_px: int | None = None, state: d
         if any(min(e) < 2 for e in (group.extent, group.trained_extent)):
             continue  # a 1-token extent has no offsets to read
         g = group.trained_extent
-        note = f"global attention on {g[0]}x{g[1]} tokens at {trained_px} px, {source}"
+        how = "window attention" if same_layout and group.kind == "window" else "global attention"
+        note = f"{how} on {g[0]}x{g[1]} tokens at {trained_px} px, {source}"
         modules = [_rope_module(net.blocks[i].attn, blocks.get(i, {}).get("freqs")) for i in group.blocks]
         if all(exact for _, exact in modules) and attn.rope.kind == "mixed":  # learned per block: the worst one
             reps = [rope_report(rope, group, note) for rope, _ in modules]
