@@ -1,0 +1,6 @@
+# Cascade Mask R-CNN: mask_rcnn_vitdet_dinov3_l_100ep.py (trunk, weights and their download there) with three box
+# stages at IoU 0.5 / 0.6 / 0.7, as detectron2's cascade ViTDet recipes.
+from ..common.models.cascade import to_cascade
+from .mask_rcnn_vitdet_dinov3_l_100ep import dataloader, lr_multiplier, model, optimizer, train
+
+model = to_cascade(model)

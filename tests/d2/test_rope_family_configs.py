@@ -1,0 +1,85 @@
+"""COCO recipes of ViTDet from DINOv3, EVA-02 and RoPE-ViT, by name: each instantiates at full size (meta parameters),
+saves to and rebuilds from ``config.yaml``, takes layer-wise lr decay over its own depth, names its weights; and each
+family trains five iterations on the CPU from a converted random-init timm checkpoint, loaded by the same
+``train.init_checkpoint`` path as a real run (the trunk narrowed to two blocks of width 128 by overrides, a 128 px
+canvas and fewer proposals)."""
+import pytest
+import torch
+from detectron2.config import instantiate
+from detectron2.utils.events import EventStorage
+
+from tests.conftest import require
+from tests.d2.test_configs import _saved_and_reloaded, _synthetic_batch, meta_parameters
+from tests.d2.test_family_configs import CPU_HEADS
+from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
+from winpos.d2.optim import layer_ids
+from winpos.model_zoo import get_config, list_configs
+
+# family -> (preset stem, recipe, timm model of the weights, whose keys the import reads)
+FAMILIES = {
+    "dinov3": ("vitdet_dinov3", "original", "vit_{}_patch16_dinov3"),
+    "eva02": ("vitdet_eva02", "original", "eva02_{}_patch14_224"),
+    "ropevit": ("vitdet_ropevit", "mixed", "vit_{}_patch16_rope_mixed_224"),
+}
+SIZES = {"b": ("base", 12, 768, 0.7), "l": ("large", 24, 1024, 0.8)}
+ROPE_FAMILY_CONFIGS = [f"COCO/{kind}_vitdet_{fam}_{s}_100ep.py" for kind in ("mask_rcnn", "cascade_mask_rcnn")
+                       for fam in FAMILIES for s in SIZES]
+
+
+@pytest.mark.parametrize("name", ROPE_FAMILY_CONFIGS)
+def test_recipe_instantiates_by_name_at_full_size(name, tmp_path):
+    assert name in list_configs()
+    family, size = name.split("_vitdet_")[1].split("_")[:2]
+    stem, recipe, weights = FAMILIES[family]
+    width_name, depth, width, decay = SIZES[size]
+    cfg = get_config(name)
+    again = _saved_and_reloaded(cfg, tmp_path)
+    with meta_parameters():
+        model = instantiate(cfg.model)
+        reloaded = instantiate(again.model)
+    assert {k: v.shape for k, v in model.state_dict().items()} == \
+        {k: v.shape for k, v in reloaded.state_dict().items()}
+    net = model.backbone.net.net
+    assert (cfg.model.backbone.net.net, cfg.model.backbone.net.recipe) == (f"{stem}_{size}", recipe)
+    assert (net.depth, net.embed_dim, net.patch_size) == (depth, width, 16)
+    assert [s.stride for s in model.backbone.output_shape().values()] == [4, 8, 16, 32, 64]
+    assert ("cascade" in name) == (type(model.roi_heads).__name__ == "CascadeROIHeads")
+    ids = layer_ids(model)
+    assert ids["backbone.net.net.patch_embed.proj.weight"] == (0, depth)
+    assert ids[f"backbone.net.net.blocks.{depth - 1}.mlp.fc2.weight"] == (depth, depth)
+    assert cfg.optimizer.params.lr_decay_rate == decay
+    assert cfg.train.init_checkpoint.startswith(weights.format(width_name))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_recipe_trains_five_iterations_from_a_converted_checkpoint(family, tmp_path):
+    stem, _, weights = FAMILIES[family]
+    timm = require("timm")
+    torch.manual_seed(0)
+    small = dict(embed_dim=128, depth=2, num_heads=2)
+    source = timm.create_model(weights.format("base"), pretrained=False, num_classes=0, **small).state_dict()
+    torch.save(source, tmp_path / "weights.pth")
+    cfg = get_config(f"COCO/mask_rcnn_vitdet_{family}_b_100ep.py", [
+        *(f"model.backbone.net.{k}={v}" for k, v in small.items()), "model.backbone.net.global_blocks=[1]",
+        "model.backbone.square_pad=128", *CPU_HEADS, f"train.init_checkpoint={tmp_path / 'weights.pth'}"])
+    model = instantiate(cfg.model).train()
+    report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
+    assert f"winpos importer ({family.replace('ropevit', 'rope_vit')})" in report, report
+    net = model.backbone.net.net
+    torch.testing.assert_close(net.blocks[1].mlp.fc2.weight.detach(), source["blocks.1.mlp.fc2.weight"], rtol=0,
+                               atol=0)
+    cfg.optimizer.params.model = model
+    optimizer = instantiate(cfg.optimizer)
+    before = {n: p.detach().clone() for n, p in net.named_parameters()}
+    for it in range(5):
+        with EventStorage(it):
+            losses = model(_synthetic_batch(n=2, num_classes=cfg.model.roi_heads.num_classes))
+        total = sum(losses.values())
+        assert torch.isfinite(total), losses
+        optimizer.zero_grad()
+        total.backward()
+        optimizer.step()
+    moved = [n for n, p in net.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert "blocks.0.attn.qkv.weight" in moved and "blocks.1.mlp.fc1.weight" in moved
+    if family == "ropevit":  # the learned frequencies train too
+        assert "blocks.0.attn.rope.freqs" in moved
