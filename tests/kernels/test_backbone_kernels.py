@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import randomize_
+from winpos.backbones import create
 from winpos.backbones.hieradet import HieraDet
 from winpos.backbones.vitdet import ViTDet
 
@@ -48,6 +49,25 @@ def _features(out) -> list:
 def test_backbone_on_the_kernels_matches_the_reference(family, term, device, monkeypatch):
     model = (_tiny(term) if family == "hieradet" else _tiny_vitdet(term)).to(device)
     x = torch.randn(1, 3, *((136, 120) if family == "hieradet" else (272, 240)), device=device)
+    _backends_agree(model, x, 4 if family == "hieradet" else 1, device, monkeypatch)
+
+
+# the RoPE-pretrained families' presets (their RoPE conventions, SwiGLU, LayerScale, masked key bias) at the tiny
+# ViTDet's size
+ROPE_FAMILIES = [("vitdet_dinov3_s", "original"), ("vitdet_eva02_t", "original"), ("vitdet_ropevit_s", "mixed")]
+
+
+@pytest.mark.parametrize("preset,recipe", ROPE_FAMILIES)
+def test_rope_family_presets_on_the_kernels_match_the_reference(preset, recipe, device, monkeypatch):
+    torch.manual_seed(0)
+    model = create(preset, recipe=recipe, img_size=(272, 240), embed_dim=32, depth=3, num_heads=2, window_size=7,
+                   global_blocks=(1,), pad_mode="mask", qkv_bias=True)
+    _backends_agree(randomize_(model).eval().to(device), torch.randn(1, 3, 272, 240, device=device), 1, device,
+                    monkeypatch)
+
+
+def _backends_agree(model, x, n_features, device, monkeypatch):
+    """Features, the image's gradient and every parameter's gradient on the Triton kernels equal the reference's."""
     runs = {}
     for backend in ("reference", "triton"):
         monkeypatch.setenv("WINPOS_ATTENTION_BACKEND", backend)
@@ -60,7 +80,7 @@ def test_backbone_on_the_kernels_matches_the_reference(family, term, device, mon
         runs[backend] = ([f.detach() for f in feats], xi.grad,
                          {n: p.grad for n, p in model.named_parameters() if p.grad is not None})
     (f_ref, gx_ref, gp_ref), (f_tri, gx_tri, gp_tri) = runs["reference"], runs["triton"]
-    assert len(f_ref) == len(f_tri) == (4 if family == "hieradet" else 1)
+    assert len(f_ref) == len(f_tri) == n_features
     for i, (a, b) in enumerate(zip(f_tri, f_ref)):
         _close(a, b, f"stage {i + 1} features")
     _close(gx_tri, gx_ref, "grad of the image")

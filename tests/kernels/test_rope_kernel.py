@@ -27,6 +27,11 @@ CASES = [
     ((14, 7), 3, 32, 7, dict(kind="mixed", shared_heads=False, pairing="interleaved", fraction=1.0), torch.float32),
     ((6, 8), 2, 80, None, dict(pairing="half", fraction=0.5), torch.float16),
     ((8, 16), 1, 64, 8, dict(pairing="interleaved", fraction=0.25), torch.float32),
+    # the RoPE-pretrained families' conventions (winpos.backbones.rope_vits): DINOv3, EVA-02, RoPE-ViT axial
+    ((14, 21), 2, 64, 7, dict(base=100.0, pairing="half", fraction=1.0, coords="centered"), torch.float32),
+    ((12, 12), 2, 32, None, dict(base=1e4, pairing="interleaved", fraction=1.0, coords="normalized", ref_hw=(16, 16)),
+     torch.float32),
+    ((7, 14), 3, 64, 7, dict(base=100.0, pairing="interleaved", axis_order="xy", fraction=1.0), torch.float16),
 ]
 
 
