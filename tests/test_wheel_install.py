@@ -5,9 +5,11 @@ The fresh environment gets winpos from the wheel and nothing else; its dependenc
 are the ones this test's interpreter already has, made visible by a ``.pth`` file listing their folders (no network:
 pip installs the wheel with ``--no-deps``). Those folders' own ``.pth`` files are not run, so the checkout's
 editable install cannot shadow the wheel: the first test checks that winpos is imported from the new environment.
-Steps: config by name (and composed in a user's own LazyConfig), every installed command's ``--help``, 5 training
-iterations on the embedded shapes data, and one real run each of the doctor, the converter and predict on an image
-and on a video. About 1.5 minutes of CPU.
+Steps: the wheel's files and PEP 621 metadata (one version: ``winpos.__version__``), config by name (and composed in a
+user's own LazyConfig), every installed command's ``--help``, 5 training iterations on the embedded shapes data, and
+one real run each of the doctor (on a config and on the run's config.yaml), the converter (the run's window sizes and
+image size carried) and predict on an image and on a video; then every command where detectron2 cannot be imported
+(one ``error:`` line, exit 2). About 2 minutes of CPU.
 """
 import json
 import os
@@ -157,9 +159,23 @@ def test_train_doctor_convert_predict_from_the_installed_commands(installed):
     assert "winpos-train --config-file COCO/mask_rcnn_vitdet_b_100ep.py" in doctor.stdout
     assert "winpos-convert --input CKPT" in doctor.stdout and "tools/" not in doctor.stdout
 
+    # the doctor reads the run's own config.yaml (as data), as eval and predict do
+    run_doctor = _run([bin_dir / "winpos-posemb", "doctor", out / "config.yaml"], cwd=work)
+    assert run_doctor.returncode in (0, 1) and "hieradet_toy" in run_doctor.stdout, run_doctor.stderr[-1500:]
+    assert "error:" not in run_doctor.stderr
+
     conv = _ok(_run([bin_dir / "winpos-convert", "--input", weights, "--output", work / "trunk.safetensors", "--to",
                      "hieradet_toy"], cwd=work))
     assert (work / "trunk.safetensors").is_file() and "wrote" in conv.stdout
+    # the run's geometry (shapes configs: windows (8, 4, 8, 4) at 256 px; the preset's own are (8, 4, 14, 7)) is in
+    # the line that builds the model and in the file
+    load_line = next(line for line in conv.stdout.splitlines() if line.startswith("load it with: "))
+    assert "window_spec=(8, 4, 8, 4)" in load_line and "img_size=256" in load_line, load_line
+    from safetensors import safe_open
+
+    with safe_open(str(work / "trunk.safetensors"), "pt") as f:
+        meta = f.metadata()
+    assert meta["winpos_image_size"] == "256" and json.loads(meta["winpos_kwargs"])["window_spec"] == [8, 4, 8, 4]
 
     rng = np.random.default_rng(0)
     frames = [rng.integers(0, 255, (64, 64, 3), dtype=np.uint8) for _ in range(3)]
@@ -175,3 +191,57 @@ def test_train_doctor_convert_predict_from_the_installed_commands(installed):
     video = _ok(_run([bin_dir / "winpos-predict", *common, "--video-input", "clip.mp4", "--output", "vpreds"],
                      cwd=work))
     assert "3 frames" in video.stdout and (work / "vpreds" / "clip.mp4").is_file()
+
+
+def test_every_command_without_detectron2(installed, tmp_path):
+    """Where detectron2 cannot be imported (a stub package first on PYTHONPATH raises ModuleNotFoundError, as a
+    missing one does), each installed command that needs it prints one ``error:`` line naming the install command
+    and exits 2, which no verdict uses (the doctor: 0 OK, 1 BUG), before making any folder; the preset doctor and
+    the converter need no detectron2 and work."""
+    import torch
+
+    from winpos.backbones import create
+
+    bin_dir, _, work, _ = installed
+    stub = tmp_path / "stub" / "detectron2"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'detectron2'\", "
+                                      "name='detectron2')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(OMP_NUM_THREADS="1", TQDM_DISABLE="1", PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(stub.parent))
+    (work / "nod2").mkdir()
+    import cv2
+    import numpy as np
+
+    cv2.imwrite(str(work / "nod2" / "img.png"), np.zeros((64, 64, 3), dtype=np.uint8))
+    torch.save({"model": create("hieradet_toy").state_dict()}, work / "nod2" / "trunk.pth")
+    config = "shapes/mask_rcnn_hieradet_toy_abswin.py"
+    needs = {
+        "winpos-train": ["--config-file", config],
+        "winpos-eval": ["--config-file", config, "--checkpoint", "trunk.pth"],
+        "winpos-predict": ["--config-file", config, "--random-weights", "--input", "img.png", "--output", "preds"],
+        "winpos-posemb": ["doctor", "COCO/mask_rcnn_vitdet_b_100ep.py"],
+        "winpos-demo": ["--output", "demo"],
+        "winpos-reproduce": ["--output", "reproduce"],
+    }
+    assert set(needs) < set(COMMANDS)
+    for command, args in needs.items():
+        res = subprocess.run([str(bin_dir / command), *args], cwd=work / "nod2", env=env, capture_output=True,
+                             text=True, timeout=300)
+        errors = [line for line in res.stderr.splitlines() if line.startswith("error:")]
+        assert res.returncode == 2 and len(errors) == 1 and "Traceback" not in res.stderr, (command, res.stderr)
+        assert errors[0].startswith(f"error: {command} needs detectron2") and "pip install" in errors[0], errors
+        print(f"{command} {' '.join(args)}: exit {res.returncode}: {errors[0][:90]}...")
+    assert sorted(p.name for p in (work / "nod2").iterdir()) == ["img.png", "trunk.pth"]  # no folder made
+    def works(command, *args):
+        res = subprocess.run([str(bin_dir / command), *args], cwd=work / "nod2", env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert "error:" not in res.stderr and "Traceback" not in res.stderr, (command, res.stderr[-1500:])
+        return res
+
+    doctor = works("winpos-posemb", "doctor", "vitdet_b")  # a preset: its verdict, [BUG] at 1024 px (exit 1)
+    assert doctor.returncode == 1 and "[BUG]" in doctor.stdout, doctor.stdout[-800:]
+    conv = works("winpos-convert", "--input", "trunk.pth", "--output", "out.safetensors", "--to", "hieradet_toy")
+    assert conv.returncode == 0 and (work / "nod2" / "out.safetensors").is_file(), conv.stdout[-800:]
+    for command in set(COMMANDS) - set(needs) - {"winpos-convert"}:  # the others answer at least --help
+        assert works(command, "--help").returncode == 0, command

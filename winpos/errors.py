@@ -20,17 +20,27 @@ from __future__ import annotations
 import argparse
 import errno
 import math
+import os
 import re
 import sys
 import warnings
 from typing import Callable, Iterable
 
-__all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "check_choice", "check_finite", "as_hw",
-           "run_cli", "ProcessFailed", "ArgumentParser", "positive_int", "nonnegative_int", "finite_float", "int_list",
-           "number_list", "seed_list", "late_flags", "quiet_third_party_warnings"]
+__all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "EXIT_ENVIRONMENT", "check_choice",
+           "check_finite", "as_hw", "run_cli", "missing_d2_line", "ProcessFailed", "ArgumentParser", "positive_int",
+           "nonnegative_int", "finite_float", "int_list", "number_list", "seed_list", "late_flags",
+           "quiet_third_party_warnings"]
 
 EXIT_USAGE = 2
 EXIT_FAILED = 1
+EXIT_ENVIRONMENT = EXIT_USAGE  # a package missing here (detectron2): never a verdict (the doctor: 0 OK, 1 BUG)
+
+# The packages winpos.d2 imports (detectron2 and the [d2] extra's). A command that meets one missing says so in one
+# line with the command that installs it, instead of a traceback; any other ImportError keeps its traceback.
+D2_STACK = ("detectron2", "fvcore", "iopath", "omegaconf", "hydra", "yacs", "termcolor", "tabulate", "cloudpickle",
+            "torchvision", "shapely", "tensorboard", "pkg_resources")
+D2_INSTALL = ("pip install 'winpos[d2]' && pip install --no-build-isolation "
+              "'git+https://github.com/facebookresearch/detectron2.git' (needs a C++ compiler)")
 
 
 class WinposError(ValueError):
@@ -171,6 +181,12 @@ def run_cli(main: Callable[..., int | None], argv=None) -> int:
     except ProcessFailed as e:
         _print_error(e)
         return e.status
+    except ImportError as e:
+        line = missing_d2_line(e)
+        if line is None:
+            raise
+        _print_error(WinposError(line))
+        return EXIT_ENVIRONMENT
     except (WinposError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError) as e:
         _print_error(e)
         return EXIT_USAGE
@@ -178,6 +194,28 @@ def run_cli(main: Callable[..., int | None], argv=None) -> int:
         _print_error(e)
         return EXIT_FAILED
     return 0 if status is None else int(status)
+
+
+def missing_d2_line(e: ImportError) -> str | None:
+    """The one line for an ImportError of detectron2 or of a package of the ``[d2]`` extra (``D2_STACK``), naming
+    the command that installs it; None for any other ImportError (a bug, or a name missing from an installed
+    package, a version mismatch: those keep their traceback)."""
+    text = str(e)
+    if text.startswith("cannot import name"):
+        return None
+    found = re.match(r"(?:No module named )?'?([A-Za-z_][\w.]*)", text)
+    name = getattr(e, "name", None) or (found.group(1) if found else "")
+    top = name.split(".")[0]
+    if top not in D2_STACK:
+        return None
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    command = prog or "this command"  # winpos-train, or tools/train_net.py, train_net.py (python -m)
+    if top == "detectron2":
+        return (f"{command} needs detectron2, which cannot be imported here ({_one_line(text)}); install it: "
+                f"{D2_INSTALL}")
+    package = {"hydra": "hydra-core", "pkg_resources": "'setuptools<81'"}.get(top, top)
+    return (f"{command} needs {top} (a dependency of winpos's detectron2 layer), which cannot be imported here "
+            f"({_one_line(text)}); install it: pip install 'winpos[d2]' (or pip install {package})")
 
 
 def _print_error(e: BaseException) -> None:

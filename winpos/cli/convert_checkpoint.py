@@ -5,7 +5,11 @@ backbone, or a winpos checkpoint into another pos_embed choice.
         --to hieradet_bplus [--recipe paper] [--pos-embed abswin] [--pos-global-size 56] [--format auto] [--force]
 
 The output holds the backbone's state dict (safetensors, or a .pth/.pt saved for weights_only loading; the suffix
-chooses) and loads with ``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. The
+chooses) and loads with ``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. A
+trained detector's checkpoint with its run's config.yaml beside it (a winpos-train output_dir) converts into the
+backbone that run built: its recipe and constructor arguments (window sizes, img_size, ...) unless a flag says
+otherwise; they go into the output's metadata (``winpos_kwargs``, with the training size as ``winpos_image_size``)
+and into the printed line that builds the model. The
 load report is printed, then the line that builds the model it loads into. A HieraDet whose global embedding grid
 differs from the checkpoint's is converted lossily (the report says so); --pos-global-size N builds the target with
 an NxN grid (pos_global_size=N) and keeps it exact. The output is checked before the conversion starts: it may not
@@ -16,6 +20,7 @@ target left at their initialization) is refused, naming what would be lost, and 
 accepts it and records the loss in the output's metadata (``winpos_lost``). Exit status 2 for bad input, 1 when
 writing fails.
 """
+import json
 import sys
 from pathlib import Path
 
@@ -35,7 +40,9 @@ def build_parser():
     parser.add_argument("--input", required=True, help="checkpoint file (.pth/.pt/.pkl/.safetensors)")
     parser.add_argument("--output", required=True, help=f"output file ({', '.join(SUFFIXES)})")
     parser.add_argument("--to", required=True, help="winpos preset, e.g. vitdet_b or hieradet_bplus")
-    parser.add_argument("--recipe", default="original", help="original | paper | rope | lookhere")
+    parser.add_argument("--recipe", default=None,
+                        help="original | paper | rope | lookhere (default: the run's, for a trained detector with its "
+                             "config.yaml beside it; else original)")
     parser.add_argument("--format", default="auto", choices=("auto",) + FORMATS,
                         help="source format (default: detect from the keys; the names of winpos-posemb plot --format)")
     parser.add_argument("--pos-embed", default=None, choices=POS_EMBEDS,
@@ -66,7 +73,20 @@ def run(argv=None):
     from winpos.checkpoints.convert import check_no_loss
     from winpos.outputs import atomic_write
 
+    from winpos.diagnostics.extract import native_size_from_config, run_backbone_beside
+
+    # a trained detector's run: its backbone's settings (window sizes, image size, ...) build the target, unless a
+    # flag says otherwise, and its training image size is recorded in the output
+    run = run_backbone_beside(args.input)
     overrides = {}
+    if run is not None and run[0] == args.to:
+        preset, recipe, carried, config = run
+        overrides.update(carried)
+        args.recipe = args.recipe or recipe
+        print(f"from the run's {config}: recipe {recipe!r}, " + ", ".join(f"{k}={v!r}" for k, v in carried.items()))
+    elif run is not None:
+        print(f"note: the run's {run[3]} is for preset {run[0]!r}, not --to {args.to}: its settings are not used")
+    args.recipe = args.recipe or "original"
     if args.pos_embed:
         overrides["pos_embed"] = args.pos_embed
     if args.img_size:
@@ -81,6 +101,11 @@ def run(argv=None):
     print(report.summary())
     sd = {k: v.contiguous() for k, v in sd.items()}
     meta = {"winpos_preset": args.to, "winpos_recipe": args.recipe}
+    if overrides:  # every constructor argument the output needs besides preset and recipe, as JSON
+        meta["winpos_kwargs"] = json.dumps(overrides)
+    size = native_size_from_config(args.input)
+    if size is not None:  # the training image size (winpos-posemb plot reads it; 1024 is assumed otherwise)
+        meta["winpos_image_size"] = str(size[0])
     if report.lost:
         meta["winpos_lost"] = "; ".join(f"{k}: {why}" for k, why in report.lost)
     if args.pos_embed:

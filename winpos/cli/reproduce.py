@@ -280,6 +280,10 @@ def run(argv=None):
                    help="after stage 1, write that encoding's checkpoint (fp16, weights only) and its manifest "
                         "(command, seeds, SHA-256, WS) to PATH, e.g. abs_learned:out/stage1.pth")
     args = p.parse_args(argv)
+    if not args.report_only:  # its runs train and evaluate with detectron2: a missing one is said before any work
+        from winpos.cli import require_detectron2
+
+        require_detectron2()
     from winpos.model_zoo import config_path
 
     args.config = str(config_path(args.config)) if not Path(args.config).is_file() else args.config

@@ -41,6 +41,9 @@ def run(argv=None):
                         "reproduction made, one holding protocol.json); without it, runs made with other settings "
                         "are refused and identical ones reused")
     args = p.parse_args(argv)
+    from winpos.cli import require_detectron2
+
+    require_detectron2()  # its runs train and evaluate with detectron2: a missing one is said before any work
     from winpos.experiments.demo import print_summary, run_demo
     from winpos.model_zoo import config_path, demo_checkpoint
 

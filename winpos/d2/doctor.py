@@ -8,23 +8,23 @@ import os
 
 import torch
 
-from winpos.diagnostics.doctor import (DoctorReport, build_checked, check_image_size, diagnose_backbone, diagnose_preset,
-                                      fix_text, keeps_block_terms)
+from winpos.diagnostics.doctor import (CONFIG_SUFFIXES, DoctorReport, build_checked, check_image_size,
+                                      diagnose_backbone, diagnose_each, diagnose_preset, fix_text, keeps_block_terms)
 from winpos.errors import MissingInputError, WinposError, as_hw
 
 
 def diagnose(target: str, image_size: int | None = None, recipe: str | None = None, overrides=(),
              trained_size: int | None = None, checkpoint=None) -> DoctorReport:
-    """``target``: a LazyConfig ``.py`` file or a preset name; ``overrides``: ``key=value`` strings (config keys for a
-    config, constructor arguments for a preset). ``image_size`` None means the model's own size; ``recipe`` None
-    means the config's own recipe, or ``"original"`` for a preset. ``trained_size``: the image size (px) the RoPE was
-    trained at (default: the model's pretraining size); ``checkpoint``: a winpos checkpoint of the model whose
-    learned RoPE frequencies and relpos tables are read."""
+    """``target``: a LazyConfig ``.py`` file, a run's ``config.yaml`` (read as data) or a preset name; ``overrides``:
+    ``key=value`` strings (config keys for a config, constructor arguments for a preset). ``image_size`` None means
+    the model's own size; ``recipe`` None means the config's own recipe, or ``"original"`` for a preset.
+    ``trained_size``: the image size (px) the RoPE was trained at (default: the model's pretraining size);
+    ``checkpoint``: a winpos checkpoint of the model whose learned RoPE frequencies and relpos tables are read."""
     check_image_size(image_size)
-    if not target.endswith(".py"):
+    if not target.endswith(CONFIG_SUFFIXES):
         return diagnose_preset(target, image_size, recipe or "original", overrides, trained_size, checkpoint)
     given = target  # the fix names the config as the user wrote it
-    if not os.path.isfile(target):
+    if not os.path.isfile(target) and target.endswith(".py"):
         from winpos.config_names import config_path
 
         try:
@@ -41,11 +41,7 @@ def diagnose_many(targets, image_size: int | None = None, recipe: str | None = N
                   trained_size: int | None = None, checkpoint=None):
     """``diagnose`` each target in one process; yields ``(target, DoctorReport or None, error message or None)``:
     a target that cannot be checked gets its one-line error and the others are still checked."""
-    for target in targets:
-        try:
-            yield target, diagnose(target, image_size, recipe, overrides, trained_size, checkpoint), None
-        except (WinposError, OSError) as e:
-            yield target, None, f"{target}: {' '.join(str(e).split())}"
+    return diagnose_each(diagnose, targets, image_size, recipe, overrides, trained_size, checkpoint)
 
 
 def _build_from_config(path: str, overrides=(), recipe: str | None = None):

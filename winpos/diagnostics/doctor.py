@@ -219,6 +219,27 @@ def diagnose_preset(preset: str, image_size: int | None = None, recipe: str = "o
                              trained_size=trained_size, checkpoint=checkpoint)
 
 
+CONFIG_SUFFIXES = (".py", ".yaml", ".yml")  # a target with one of these is a config (LazyConfig or a run's config.yaml)
+
+
+def diagnose_each(diagnose, targets, *args):
+    """``diagnose(target, *args)`` for each target in one process; yields ``(target, DoctorReport or None, error
+    message or None)``: a target that cannot be checked gets its one-line error and the others are still checked."""
+    for target in targets:
+        try:
+            yield target, diagnose(target, *args), None
+        except (WinposError, OSError) as e:
+            yield target, None, f"{target}: {' '.join(str(e).split())}"
+
+
+def diagnose_presets(presets, image_size: int | None = None, recipe: str | None = None, overrides=(),
+                     trained_size: int | None = None, checkpoint=None):
+    """``diagnose_preset`` for each of ``presets`` (``recipe`` None: ``"original"``), as ``diagnose_each`` yields;
+    needs no detectron2 (``winpos.d2.doctor.diagnose_many`` takes configs too)."""
+    return diagnose_each(lambda preset: diagnose_preset(preset, image_size, recipe or "original", overrides,
+                                                        trained_size, checkpoint), presets)
+
+
 def check_image_size(image_size, flag: str = "--image-size") -> None:
     """``image_size`` must be None (the model's own size) or a positive int."""
     if image_size is not None and (isinstance(image_size, bool) or not isinstance(image_size, int) or

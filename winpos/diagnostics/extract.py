@@ -103,15 +103,21 @@ def _adapted_position(sd: dict, fmt: Format):
     return pos, kernel, prefix, trunk_width_depth({k: v[1] for k, v in adapted.trunk.items()})[1]
 
 
-def native_size_from_config(checkpoint) -> tuple[int, str] | None:
-    """The training image size recorded in the ``config.yaml`` that winpos's trainer writes next to its checkpoints
-    (``dataloader.train.mapper.image_size``, else the backbone's ``img_size``), with where it was read; None when
-    there is no such file or size."""
+# keys of a run's backbone node that belong to winpos.d2's adapter or to training, not to the backbone's shape
+RUN_ONLY_KEYS = ("_target_", "net", "recipe", "out_feature", "out_features", "norm", "norm_eps", "size_divisibility",
+                 "square_pad", "drop_path_rate")
+
+
+def run_config_beside(checkpoint) -> tuple[dict, str] | None:
+    """The ``config.yaml`` that winpos's trainer writes next to its checkpoints, read as plain data (YAML tags such
+    as detectron2's ShapeSpec become None, never objects; no detectron2 needed), with its path; None when there is
+    no such file or it is not a readable mapping."""
     import yaml
 
     path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "config.yaml")
     if not os.path.isfile(path):
         return None
+
     class _Loader(yaml.SafeLoader):  # read as data: python tags (detectron2's ShapeSpec) become None, never objects
         pass
 
@@ -121,6 +127,39 @@ def native_size_from_config(checkpoint) -> tuple[int, str] | None:
             cfg = yaml.load(f, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass that builds no objects
     except (OSError, yaml.YAMLError):
         return None
+    return (cfg, path) if isinstance(cfg, dict) else None
+
+
+def run_backbone_beside(checkpoint) -> tuple[str, str, dict, str] | None:
+    """The winpos backbone of the run whose ``config.yaml`` is next to ``checkpoint``: ``(preset, recipe,
+    constructor arguments, the config's path)``, the arguments being the backbone node's (``model.backbone.bottom_up``
+    or ``model.backbone.net``) without the adapter's and training's keys (``RUN_ONLY_KEYS``), lists as tuples;
+    None when there is no such file or node."""
+    found = run_config_beside(checkpoint)
+    if found is None:
+        return None
+    cfg, path = found
+    backbone = cfg.get("model", {}).get("backbone") if isinstance(cfg.get("model"), dict) else None
+    for attr in ("bottom_up", "net"):
+        node = backbone.get(attr) if isinstance(backbone, dict) else None
+        if isinstance(node, dict) and isinstance(node.get("net"), str) and isinstance(node.get("recipe"), str):
+            kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in node.items() if k not in RUN_ONLY_KEYS}
+            return node["net"], node["recipe"], kwargs, path
+    return None
+
+
+def native_size_from_config(checkpoint) -> tuple[int, str] | None:
+    """The training image size of a checkpoint: the one winpos-convert recorded in it (``winpos_image_size``), else
+    the one in the ``config.yaml`` that winpos's trainer writes next to its checkpoints
+    (``dataloader.train.mapper.image_size``, else the backbone's ``img_size``), with where it was read; None when
+    neither says one."""
+    recorded = recorded_image_size(checkpoint)
+    if recorded is not None:
+        return recorded
+    found = run_config_beside(checkpoint)
+    if found is None:
+        return None
+    cfg, path = found
 
     def get(*keys):
         node = cfg
@@ -133,6 +172,32 @@ def native_size_from_config(checkpoint) -> tuple[int, str] | None:
         if get(*keys):
             return get(*keys), f"{'.'.join(keys)} in {path}"
     return None
+
+
+def recorded_image_size(checkpoint) -> tuple[int, str] | None:
+    """The training image size winpos-convert recorded in its output (safetensors metadata, or a top-level entry of
+    a .pth), with where it was read; None when the file records none."""
+    path = str(checkpoint)
+    value = None
+    try:
+        if path.lower().endswith(".safetensors"):
+            from safetensors import safe_open
+
+            with safe_open(path, "pt") as f:
+                value = (f.metadata() or {}).get("winpos_image_size")
+        else:
+            return None  # a .pth records it beside the weights: effective_embeddings reads it from the object
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the checkpoint loader, not here
+        return None
+    return _positive_size(value, f"winpos_image_size in {path}")
+
+
+def _positive_size(value, where: str) -> tuple[int, str] | None:
+    try:
+        size = int(str(value))
+    except (TypeError, ValueError):
+        return None
+    return (size, where) if size > 0 else None
 
 
 def _build(pos, kernel: int | None, prefix: str, fmt: Format, window: int | None, resolution,
@@ -235,7 +300,10 @@ def effective_embeddings(obj_or_path: Any, format: str = "auto", resolution=None
                           f"{e}") from None
     infos = []
     if pos is not None:
-        hint = native_size_from_config(source) if source != "<object>" else None
+        hint = _positive_size(obj.get("winpos_image_size"), f"winpos_image_size in {source}") \
+            if isinstance(obj, dict) and "winpos_image_size" in obj else None
+        if hint is None and source != "<object>":
+            hint = native_size_from_config(source)
         info = _build(pos, kernel, prefix, fmt, window, resolution, hint)
         info.source = source
         info.presets = matching_presets(fmt, int(info.grid.shape[0]), depth)
