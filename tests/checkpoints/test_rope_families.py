@@ -279,3 +279,28 @@ def test_windowed_presets_equal_the_reference(preset, recipe, conv, pairing):
     err = (ours.double() - ref).abs().max().item()
     print(f"WINDOWED {preset} {recipe} max_abs={err:.2e} (scale {ref.abs().max().item():.1f})")
     assert err <= TOL, err
+
+
+# ------------------------------------------------------------------------------------------ options, validated
+@pytest.mark.parametrize("block,needle", [({"mlp": "geglu"}, "block mlp"), ({"mlp_norm": True}, "mlp='swiglu'"),
+                                          ({"mlp_hidden": 0}, "mlp_hidden"), ({"kbias": False}, "unknown block options")])
+def test_block_options_refuse_nonsense_in_one_line(block, needle):
+    from winpos.errors import WinposError
+
+    with pytest.raises(WinposError, match=needle) as e:
+        create("vitdet_toy", block=block)
+    assert "\n" not in str(e.value)
+
+
+def test_centered_coordinates_are_dinov3s_axial_convention():
+    from winpos.errors import WinposError
+    from winpos.posemb.rope import RoPE
+
+    with pytest.raises(WinposError, match="kind='axial'"):
+        RoPE(64, 2, kind="mixed", coords="centered")
+    # the same tables as timm's DINOv3 rotary embedding at a non-square grid
+    timm_rope = require("timm.layers.pos_embed_sincos")
+    ours = RoPE(64, 2, base=100.0, fraction=1.0, pairing="half", coords="centered").tables((6, 10), (6, 10))
+    sin, cos = timm_rope.RotaryEmbeddingDinoV3(64, temperature=100).get_embed((6, 10)).chunk(2, -1)
+    torch.testing.assert_close(ours.cos_k, cos[:, :32], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.sin_k, sin[:, :32], atol=1e-5, rtol=0)
