@@ -5,7 +5,8 @@
 #
 # Weights: sam3.pt from https://huggingface.co/facebook/sam3 (request access there); winpos reads the encoder out of
 # the whole file (detector.backbone.vision_backbone.trunk.*) and reports everything else. Check it first with
-#   winpos-convert sam3.pt --to vitdet_sam3 --output sam3_vitdet.pth patch_size=16 pretrain_img_size=384
+#   winpos-convert --input sam3.pt --to vitdet_sam3 --output sam3_vitdet.pth
+#   winpos-posemb doctor vitdet_sam3 --checkpoint sam3_vitdet.pth --image-size 1512 --rope-trained-size 1008
 #
 # Patch 14 becomes stride 16: detectron2's SimpleFeaturePyramid builds strides 4-32 from a stride-16 map (14 would
 # give 3.5 / 7 / 14 / 28), so SAM3's 14 px kernel is resampled to 16 px on import (as detectron2 did for MAE's

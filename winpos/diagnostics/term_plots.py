@@ -29,6 +29,19 @@ def _slot_order(ref_span: np.ndarray) -> np.ndarray:
     return np.argsort(-ref_span, kind="stable")
 
 
+def _block_ranges(blocks) -> str:
+    """Block indexes with runs folded, so a title fits its panel: ``0-6, 8-14, 16-22, 24-30``."""
+    runs, out = [], []
+    for i in sorted(blocks):
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    for a, b in runs:
+        out.append(str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}")
+    return ", ".join(out)
+
+
 def plot_rope(reports, path, title: str = "", pdf: bool = False) -> list[Path]:
     """One column per RoPE ``TermReport`` (block kind). Per-head slots are drawn for the worst head: the angle range
     of the head that turned least in training (the one that meets unseen angles first), the step of the fastest."""
@@ -60,7 +73,7 @@ def plot_rope(reports, path, title: str = "", pdf: bool = False) -> list[Path]:
         top.set_yscale("log")
         top.set_ylim(top=max(math.pi, float(new_span.max()), float(ref_span.max())) * 2.5)
         top.set_ylabel("angle range over token pairs (rad)")
-        blocks = ", ".join(map(str, rep.group.blocks))
+        blocks = _block_ranges(rep.group.blocks)
         k = int(rep.data["new_angles"].sum())
         what = (f"{k} of {rep.data['new_angles'].size} (head, slot) pairs meet unseen angles\n(shaded: in some head)"
                 if heads > 1 else f"{k} slot{'s' if k != 1 else ''} rotate into unseen angles (shaded)")
@@ -103,7 +116,7 @@ def plot_relpos(reports, path, title: str = "", pdf: bool = False) -> list[Path]
             ax.axvspan(trained + 0.5, reach + 0.5, color=SHADE, lw=0)
         ax.plot(d, d, color=REF_COLOR, lw=1, ls="--", label="as trained (identity)")
         ax.plot(d, read, color=NEW_COLOR, lw=1.8, label=f"read now (table {stored} -> {used})")
-        blocks = ", ".join(map(str, rep.group.blocks))
+        blocks = _block_ranges(rep.group.blocks)
         ax.set_title(f"{rep.level}: {rep.group.kind} blocks ({blocks})\nstretch x{rep.data['stretch'][0]:.3g}",
                      fontsize=9)
         ax.set_xlabel("token offset d (y; x is the same)")
