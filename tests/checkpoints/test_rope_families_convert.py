@@ -137,3 +137,13 @@ def test_a_patch_14_checkpoint_for_a_config_that_cannot_take_it(tmp_path):
     res = tool("convert_checkpoint.py", "--input", src, "--output", out, "--to", "hieradet_t")
     assert_one_line_error(res, "HieraDet")
     assert not out.exists()
+
+
+def test_a_partial_conversion_names_the_family_preset_that_holds_it():
+    full, _ = _timm_pair("vit_small_patch16_dinov3", 224)
+    with pytest.raises(WinposError, match=r"leave 12 trunk weights of the target .*blocks\.0\.attn\.qkv\.bias.*"
+                                          r"--to vitdet_dinov3_s") as e:
+        load_external(full.state_dict(), "vitdet_ropevit_s", allow_loss=False)
+    assert "\n" not in str(e.value)
+    _, report = load_external(full.state_dict(), "vitdet_ropevit_s")  # the library default accepts and reports it
+    assert len(report.lost) == 13

@@ -22,6 +22,7 @@ import torch.nn as nn
 
 from winpos.backbones.common import may_keep_init
 from winpos.checkpoints.adapters.winpos_native import trunk_prefix
+from winpos.checkpoints.convert import check_no_loss
 from winpos.checkpoints.formats import FORMATS, Format, check_named_family, detect, parse_format
 from winpos.checkpoints.io import (check_finite_state_dict, load_checkpoint_object, load_state_dict_file,
                                    unwrap_state_dict)
@@ -56,7 +57,7 @@ def _preset_hint(flat: dict, fmt: Format, target) -> str:
 
 
 def load_external(path_or_state_dict, target, format: str = "auto", recipe: str = "original", strict: bool = False,
-                  **overrides):
+                  allow_loss: bool = True, **overrides):
     """Convert an outside checkpoint into winpos names for ``target``.
 
     Args:
@@ -66,6 +67,9 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         format: ``"auto"`` (``formats.detect`` tells it from the keys) or one of ``FORMATS`` (a ``Format`` or its
             name: sam2, hiera, timm_hiera, timm_abswin, sam, mae, detectron2, winpos, lookhere).
         strict: refuse checkpoints that lack trunk weights of the target.
+        allow_loss: False refuses a partial conversion (``report.lost``: trunk weights of the source with no place in
+            the target, or trunk weights of the target left at init), naming them and the presets that hold them
+            (``winpos-convert`` without ``--allow-loss``).
     Returns:
         ``(state_dict, LoadReport)``: the state dict loads into the target with ``load_state_dict(sd, strict=False)``
         and only position parameters the source lacks stay missing.
@@ -117,6 +121,11 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
                           f"{type(model).__name__} as format {report.source!r} (e.g. {sorted(flat)[:3]}); pass "
                           "format='auto' (--format auto), or a --to preset of the checkpoint's architecture")
     check_finite_state_dict(sd, "the converted checkpoint")
+    if report.lost and not allow_loss:
+        try:
+            check_no_loss(report)
+        except WinposError as e:
+            raise WinposError(f"{e}{_preset_hint(flat, fmt, target)}") from None
     if strict:
         fatal = [k for k, _ in report.missing if not may_keep_init(k)]
         if fatal:

@@ -70,7 +70,6 @@ def run(argv=None):
     import torch
 
     from winpos.checkpoints import load_external
-    from winpos.checkpoints.convert import check_no_loss
     from winpos.outputs import atomic_write
 
     from winpos.diagnostics.extract import native_size_from_config, run_backbone_beside
@@ -96,8 +95,8 @@ def run(argv=None):
             raise WinposError(f"--pos-global-size is a HieraDet option, but --to {args.to} is not a HieraDet preset; "
                               "drop it (ViTDet's abs-win global grid follows the checkpoint)")
         overrides["pos_global_size"] = args.pos_global_size
-    sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe, **overrides)
-    check_no_loss(report, args.allow_loss)
+    sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe,
+                               allow_loss=args.allow_loss, **overrides)
     print(report.summary())
     sd = {k: v.contiguous() for k, v in sd.items()}
     meta = {"winpos_preset": args.to, "winpos_recipe": args.recipe}
