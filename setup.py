@@ -4,7 +4,8 @@ Install with the extras you need: ``pip install .`` gives the backbones, kernels
 diagnostics (no detectron2); ``.[d2]`` adds what training, evaluation and prediction need besides detectron2 itself
 (torchvision, shapely, detectron2's pure-Python dependencies; detectron2 is not on PyPI: install it from its
 repository, or run tools/setup_env.sh, which installs its pure-Python part); ``.[bench]`` the peer implementations
-the benchmarks time; ``.[test]`` everything the test suite uses (its parity oracles).
+the benchmarks time; ``.[export]`` onnx and onnxruntime for ``winpos-export``'s ONNX files; ``.[test]`` everything
+the test suite uses (its parity oracles).
 
 The repository's ``configs/`` is installed as ``winpos.configs`` and the demo's checkpoint (``tools/checkpoints/``)
 as ``winpos.demo_checkpoint`` (one source each: ``winpos.model_zoo`` finds them in a checkout or installed), and
@@ -27,7 +28,9 @@ D2_EXTRAS = [  # what winpos.d2 needs at run time besides detectron2 itself
 ]
 PEERS = ["timm==1.0.31", "sam2==1.1.0", "hiera-transformer==0.1.4", "segment-anything==1.0"]
 BENCH_EXTRAS = PEERS
-TEST_EXTRAS = ["pytest>=7", "hypothesis>=6", "ruff>=0.4"] + PEERS + D2_EXTRAS  # ruff: pyproject.toml [tool.ruff]
+EXPORT_EXTRAS = ["onnx>=1.16", "onnxruntime>=1.17"]  # winpos-export's ONNX files and their check
+# ruff: pyproject.toml [tool.ruff]
+TEST_EXTRAS = ["pytest>=7", "hypothesis>=6", "ruff>=0.4"] + PEERS + D2_EXTRAS + EXPORT_EXTRAS
 
 # configs/ installed as winpos.configs: each folder of it is a (data-only) package of the wheel
 CONFIG_PACKAGES = ["winpos.configs"] + sorted(
@@ -36,7 +39,7 @@ CONFIG_PACKAGES = ["winpos.configs"] + sorted(
 COMMANDS = {  # winpos.cli's modules; winpos.cli.COMMANDS says the same (a test keeps them equal)
     "winpos-train": "train_net", "winpos-eval": "eval_coco", "winpos-predict": "predict",
     "winpos-posemb": "posemb_viz", "winpos-convert": "convert_checkpoint", "winpos-demo": "run_demo",
-    "winpos-reproduce": "reproduce",
+    "winpos-reproduce": "reproduce", "winpos-export": "export",
 }
 
 setup(
@@ -47,5 +50,5 @@ setup(
     package_data={"winpos": ["py.typed"], "winpos.demo_checkpoint": ["*.pth", "*.json"]},
     entry_points={"console_scripts": [f"{cmd} = winpos.cli.{module}:main" for cmd, module in COMMANDS.items()]
                   + ["winpos-bench-decode = winpos.bench.decode:main"]},
-    extras_require={"d2": D2_EXTRAS, "bench": BENCH_EXTRAS, "test": TEST_EXTRAS},
+    extras_require={"d2": D2_EXTRAS, "bench": BENCH_EXTRAS, "test": TEST_EXTRAS, "export": EXPORT_EXTRAS},
 )

@@ -76,3 +76,53 @@ def test_ceil_div_traces_to_the_right_padding():
 
     out = onnx_outputs(Pad(), torch.randn(1, 4, 5, 8))[0]
     assert out.shape == (1, 14, 14, 8)
+
+
+# ------------------------------------------------------------------------------------------ winpos-export
+from winpos.backbones.export import EXPORT_RECIPES, build_backbone, export_and_check, run_artifact  # noqa: E402
+from winpos.errors import WinposError  # noqa: E402
+
+
+def _example(seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return lambda size: torch.randn(1, 3, *size, generator=generator)
+
+
+@pytest.mark.parametrize("preset", ["vitdet_toy", "hieradet_toy"])
+@pytest.mark.parametrize("recipe", EXPORT_RECIPES)
+def test_every_recipe_exports_to_onnx_and_matches_eager(preset, recipe):
+    """Both families, all six recipes, on a grid the windows do not tile (64x96 px), checked in onnxruntime."""
+    result = export_and_check(build_backbone(preset, recipe), "m", [(64, 96)], ("onnx",), example=_example(),
+                              stride=16)
+    assert [c.size for c in result.checks] == [(64, 96)]
+    assert result.ok and result.checks[0].max_error < ONNX_ATOL, result.table()
+
+
+def test_pt2_is_dynamic_only_where_the_model_allows_it():
+    """Without a position term one program takes every size; RoPE's grid arithmetic pins a program to its grid, so
+    it is exported once per size (and the check runs each at its own size)."""
+    sizes = [(64, 64), (64, 96)]
+    plain = export_and_check(build_backbone("vitdet_toy", "none"), "m", sizes, ("pt2",), example=_example(),
+                             stride=16)
+    assert [a.size for a in plain.artifacts] == [None] and len(plain.checks) == 2 and plain.ok
+    rope = export_and_check(build_backbone("vitdet_toy", "rope"), "m", sizes, ("pt2",), example=_example(),
+                            stride=16)
+    assert [a.size for a in rope.artifacts] == sizes and rope.ok, rope.table()
+
+
+def test_an_artifact_refuses_a_size_it_was_not_exported_at():
+    """A traced graph at another size could run and be wrong (LookHere at 96x64 from a 64x96 trace: error 0.06);
+    every fixed-size artifact refuses it, naming the fix."""
+    result = export_and_check(build_backbone("vitdet_toy", "lookhere"), "m", [(64, 96)], ("onnx", "torchscript"),
+                              example=_example(), stride=16)
+    for artifact in result.artifacts:
+        with pytest.raises(WinposError, match=r"exported for 64x96 inputs and cannot take 96x64.*--sizes 96x64"):
+            run_artifact(artifact, torch.randn(1, 3, 96, 64))
+
+
+def test_an_op_without_an_onnx_form_is_one_line_naming_the_fix():
+    """timm's antialiased bicubic (pos_antialias=True) has no ONNX form at opset 17."""
+    model = build_backbone("vitdet_toy", "paper", pos_antialias=True)
+    with pytest.raises(WinposError, match=r"cannot be exported to ONNX: .*_upsample_bicubic2d_aa.*--formats") as e:
+        export_and_check(model, "m", [(64, 64)], ("onnx",), example=_example(), stride=16)
+    assert "\n" not in str(e.value)

@@ -59,6 +59,8 @@ def _is_write(call: ast.Call) -> bool:
         return name in _SHUTIL
     if name == "dump":
         return owner in ("json", "pickle", "yaml", "torch")
+    if name == "export" and owner == "onnx":  # torch.onnx.export(model, args, f): writes f
+        return True
     return name in _METHODS and isinstance(call.func, ast.Attribute) or name == "save_file"
 
 

@@ -9,6 +9,7 @@ USAGE = """winpos's commands (each takes --help; ``python -m winpos.cli.<module>
   winpos-convert    an outside checkpoint (SAM2, Hiera, MAE, timm, detectron2, ...) into a winpos backbone
   winpos-demo       the window-attention bug and its fix on the embedded data, from the shipped detector
   winpos-reproduce  the paper's protocol at CPU scale
+  winpos-export     a backbone preset or a detector config to ONNX, .pt2 and TorchScript, each run and checked
 Configs by name: python -c 'from winpos.model_zoo import list_configs; print(list_configs())'"""
 
 if __name__ == "__main__":

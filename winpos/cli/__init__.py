@@ -9,6 +9,7 @@ one ``error:`` line and status 2; ``--help`` and argument errors import neither 
     winpos-convert    convert_checkpoint   an outside checkpoint into a winpos backbone
     winpos-demo       run_demo             the main job on the embedded data, from the shipped detector
     winpos-reproduce  reproduce            the paper's protocol at CPU scale
+    winpos-export     export               a backbone or detector to ONNX, .pt2 and TorchScript, each checked
 """
 COMMANDS = {
     "winpos-train": "train_net",
@@ -18,6 +19,7 @@ COMMANDS = {
     "winpos-convert": "convert_checkpoint",
     "winpos-demo": "run_demo",
     "winpos-reproduce": "reproduce",
+    "winpos-export": "export",
 }
 
 

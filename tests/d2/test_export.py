@@ -1,0 +1,21 @@
+"""``winpos-export detector``: a shapes Mask R-CNN by config name, through detectron2's TracingAdapter, to ONNX and
+TorchScript, each run (onnxruntime, torch.jit.load) and compared with the eager detector's flattened outputs."""
+import json
+
+from tests.conftest import require
+from winpos.cli.export import main
+from winpos.d2.export import DETECTOR_TOLERANCE
+
+
+def test_detector_by_config_name_exports_and_matches_eager(tmp_path, capsys):
+    require("onnxruntime")
+    require("detectron2")
+    out = tmp_path / "out"
+    assert main(["detector", "--config-file", "shapes/mask_rcnn_hieradet_toy_paper.py", "--random-weights",
+                 "--sizes", "64x96", "--out", str(out)]) == 0
+    assert "reference path" in capsys.readouterr().out
+    stem = "mask_rcnn_hieradet_toy_paper"
+    record = json.loads((out / f"{stem}_export.json").read_text())
+    assert sorted(record["files"]) == [f"{stem}_64x96.onnx", f"{stem}_64x96.ts"]
+    assert record["tolerance"] == DETECTOR_TOLERANCE
+    assert all(c["max_error"] <= DETECTOR_TOLERANCE for c in record["checks"]) and len(record["checks"]) == 2
