@@ -127,6 +127,8 @@ def test_relpos_tables_stretch_by_the_grid_ratio():
     assert "127 -> 255 (x2.01" in glob.text() and "128 offsets (|d| 64..127)" in glob.text()
     assert win.level == "OK" and win.data["stretch"] == (1.0, 1.0)
     assert all(t.level == "OK" for t in diagnose("vitdet_b", 1024).terms)  # at its own size
+    small = _terms(diagnose("vitdet_b", 448))[("relpos", "global")]  # 28 tokens: 55 of the 127 stored
+    assert small.data["stretch"][0] == pytest.approx(55 / 127) and "SQUEEZED 127 -> 55" in small.text()
 
 
 def test_hiera_global_blocks_use_the_stage_grid():

@@ -212,7 +212,8 @@ def relpos_report(attn, group: BlockGroup, tables=None) -> TermReport:
                 "training")
         else:
             rep.lines.append(f"tables SQUEEZED {desc} -> {u} (x{s:.3g}, linear): offset d reads the bias learned at "
-                             f"about d/{s:.3g}; learned offsets beyond |d| {(max(used) - 1) // 2} are dropped")
+                             f"about d/{s:.3g} (x{1 / s:.3g} farther): the learned profile is squeezed into |d| <= "
+                             f"{(max(used) - 1) // 2}, neighbouring learned offsets averaged")
     rep.data = {"stored": stored, "used": used, "stretch": stretch}
     return rep
 
