@@ -28,9 +28,10 @@ D2_EXTRAS = [  # what winpos.d2 needs at run time besides detectron2 itself
 ]
 PEERS = ["timm==1.0.31", "sam2==1.1.0", "hiera-transformer==0.1.4", "segment-anything==1.0"]
 BENCH_EXTRAS = PEERS
+SLURM_EXTRAS = ["submitit>=1.5"]  # winpos-train --slurm (winpos.d2.launch.submit)
 EXPORT_EXTRAS = ["onnx>=1.16", "onnxruntime>=1.17"]  # winpos-export's ONNX files and their check
 # ruff: pyproject.toml [tool.ruff]
-TEST_EXTRAS = ["pytest>=7", "hypothesis>=6", "ruff>=0.4"] + PEERS + D2_EXTRAS + EXPORT_EXTRAS
+TEST_EXTRAS = ["pytest>=7", "hypothesis>=6", "ruff>=0.4"] + PEERS + D2_EXTRAS + SLURM_EXTRAS + EXPORT_EXTRAS
 
 # configs/ installed as winpos.configs: each folder of it is a (data-only) package of the wheel
 CONFIG_PACKAGES = ["winpos.configs"] + sorted(
@@ -50,5 +51,6 @@ setup(
     package_data={"winpos": ["py.typed"], "winpos.demo_checkpoint": ["*.pth", "*.json"]},
     entry_points={"console_scripts": [f"{cmd} = winpos.cli.{module}:main" for cmd, module in COMMANDS.items()]
                   + ["winpos-bench-decode = winpos.bench.decode:main"]},
-    extras_require={"d2": D2_EXTRAS, "bench": BENCH_EXTRAS, "test": TEST_EXTRAS, "export": EXPORT_EXTRAS},
+    extras_require={"d2": D2_EXTRAS, "bench": BENCH_EXTRAS, "test": TEST_EXTRAS, "slurm": SLURM_EXTRAS,
+                    "export": EXPORT_EXTRAS},
 )

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = (
     ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs", "winpos.output_folders", "winpos.cache",
-                 "winpos.process_notes", "winpos.config_names")),
+                 "winpos.config_names")),
     ("data", ("winpos.data",)),
     ("posemb", ("winpos.posemb",)),
     ("kernels", ("winpos.kernels",)),

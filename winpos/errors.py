@@ -10,10 +10,10 @@ errors answer at once; this module imports neither), they refuse what they can b
 counts, sizes), a tool that draws a progress bar takes ``--no-progress``, and ``quiet_third_party_warnings`` is the
 one place where upstream warnings that a winpos user cannot act on are filtered.
 
-A tool that starts N processes keeps the same contract: ``run_reporting`` wraps the function every process runs,
-turning an error into a short note for the parent and an exit status instead of a traceback per process, and
-``launched_failure`` reads those notes in the parent into one ``ProcessFailed`` (one ``error:`` line, exit 2 for bad
-input, 1 for a failure while working, a killed process named with its signal).
+A tool that starts N processes keeps the same contract: ``run_reporting`` (``winpos.d2.launch``) wraps the function
+every process runs, turning an error into a short note for the parent and an exit status instead of a traceback per
+process, and ``launched_failure`` reads those notes in the parent into one ``ProcessFailed`` (one ``error:`` line,
+exit 2 for bad input, 1 for a failure while working, a killed process named with its signal).
 """
 from __future__ import annotations
 

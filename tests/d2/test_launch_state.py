@@ -62,7 +62,7 @@ def _note(folder, rank, status, line, bug=False, traceback=""):
 
 def test_launched_failure_prefers_the_cause_over_the_errors_it_caused(tmp_path, capsys):
     from winpos.errors import ProcessFailed
-    from winpos.process_notes import launched_failure
+    from winpos.d2.launch import launched_failure
 
     _note(tmp_path, 0, EXIT_FAILED, "RuntimeError: Connection closed by peer", bug=True, traceback="Traceback ...\n")
     _note(tmp_path, 1, EXIT_FAILED, "could not write /x/model_0000000.pth (File too large); nothing was written")
@@ -75,7 +75,7 @@ def test_launched_failure_prefers_the_cause_over_the_errors_it_caused(tmp_path, 
 def test_launched_failure_names_a_killed_process_and_a_bug_keeps_one_traceback(tmp_path, capsys):
     from torch.multiprocessing import ProcessExitedException
 
-    from winpos.process_notes import launched_failure
+    from winpos.d2.launch import launched_failure
 
     killed = ProcessExitedException("process 1 terminated with signal SIGKILL", error_index=1, error_pid=7,
                                     exit_code=-9, signal_name="SIGKILL")
@@ -91,7 +91,7 @@ def test_run_reporting_turns_an_error_into_a_note_and_a_status(tmp_path, monkeyp
     import json
 
     from winpos.errors import WinposError
-    from winpos.process_notes import NOTES_ENV, run_reporting
+    from winpos.d2.launch import NOTES_ENV, run_reporting
 
     def refuse():
         raise WinposError("train.seed=-1 is negative; set a seed >= 0")
@@ -128,7 +128,7 @@ def test_a_disk_error_in_a_launched_process_is_one_line():
     import errno
     import os
 
-    from winpos.d2.engine import launch_main
+    from winpos.d2.launch import launch_main
     from winpos.errors import ProcessFailed
 
     if not os.path.exists("/dev/full"):

@@ -20,8 +20,8 @@ A run is finished when its final evaluation is written (``final_results.json``, 
 weights by digests): ``--resume`` of a run that trained to ``max_iter`` but was stopped before or during that
 evaluation runs it, and a finished run returns the recorded results (an edited file is refused).
 
-Under ``launch`` with several processes every process runs through ``winpos.process_notes.run_reporting``: a refusal or
-failure is one ``error:`` line from the parent, as with one process.
+The processes are started by ``winpos.d2.launch.launch_main`` (detectron2's ``launch``, or SLURM's / torchrun's
+placement): a refusal or failure there is one ``error:`` line from the parent, as with one process.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import os
 
 import torch
 from detectron2.config import instantiate
-from detectron2.engine import create_ddp_model, default_argument_parser, hooks, launch
+from detectron2.engine import create_ddp_model, default_argument_parser, hooks
 from detectron2.evaluation import inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 from detectron2.utils.events import EventStorage
@@ -42,19 +42,18 @@ from omegaconf import OmegaConf
 from winpos.d2.checkpoint import CaptureRNG, RNGState, WinposCheckpointer, load_init_checkpoint
 from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
-from winpos.d2.hooks import FinalEvalHook, ResumableWriter, trim_metrics
+from winpos.d2.hooks import FinalEvalHook, ResumableWriter, StopWhenAsked, trim_metrics
 from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_earlier_config, lock_run_dir,
                                read_final_results, write_final_results)
 from winpos.d2.startup import check_schedule, plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import WinposError
-from winpos.process_notes import NOTES_ENV, launched_failure, run_reporting
 from winpos.output_folders import claim_output_dir, finish_output_dir, refuse_links
 from winpos.outputs import atomic_write
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",
            "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",
-           "main", "launch_main", "trim_metrics", "register_cli_datasets", "build_optimizer", "EventStorage"]
+           "main", "trim_metrics", "register_cli_datasets", "build_optimizer", "EventStorage"]
 
 logger = logging.getLogger(__name__)
 
@@ -334,6 +333,7 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
         return results
 
     trainer.register_hooks([
+        StopWhenAsked(),  # first: a preempted job stops before any hook has begun the next step
         *extra_hooks,
         hooks.IterationTimer(),
         hooks.LRScheduler(scheduler=instantiate(cfg.lr_multiplier)),
@@ -390,40 +390,6 @@ def main(args):
             finish_output_dir(os.path.join(cfg.train.output_dir, "inference"))  # --force: earlier files not rewritten
         return results
     return do_train(cfg, resume=args.resume, force=getattr(args, "force", False))
-
-
-def launch_main(args, main_func=main):
-    """Run ``main_func(args)`` in ``args.num_gpus`` processes per machine (gloo on CPU) via detectron2's launch.
-
-    With several processes each runs through ``run_reporting``, and a failure raises one
-    ``winpos.errors.ProcessFailed`` here (one line, the status of a bad input or of a failure while working)
-    instead of the traceback of every process."""
-    if args.num_gpus < 1:
-        raise WinposError(f"--num-gpus={args.num_gpus}: need at least 1 process per machine")
-    if torch.cuda.is_available() and args.num_gpus > torch.cuda.device_count():
-        raise WinposError(f"--num-gpus={args.num_gpus} but only {torch.cuda.device_count()} GPUs are visible")
-    common = dict(num_machines=args.num_machines, machine_rank=args.machine_rank, dist_url=args.dist_url)
-    if args.num_gpus * args.num_machines == 1:  # in this process: run_cli reports its errors
-        return launch(main_func, 1, args=(args,), **common)
-    import tempfile
-
-    from torch.multiprocessing import ProcessExitedException, ProcessRaisedException
-
-    with tempfile.TemporaryDirectory(prefix="winpos-notes-") as notes:
-        before = os.environ.get("PYTHONWARNINGS")
-        os.environ[NOTES_ENV] = notes  # the spawned processes inherit both
-        # detectron2 warns of this on import, before a spawned process runs any winpos code
-        os.environ["PYTHONWARNINGS"] = ",".join(filter(None, [before, "ignore:`torch.jit.script` is deprecated"]))
-        try:
-            return launch(run_reporting, args.num_gpus, args=(main_func, args), **common)
-        except (ProcessExitedException, ProcessRaisedException) as e:
-            raise launched_failure(e, notes) from None
-        finally:
-            os.environ.pop(NOTES_ENV, None)
-            if before is None:
-                os.environ.pop("PYTHONWARNINGS", None)
-            else:
-                os.environ["PYTHONWARNINGS"] = before
 
 
 if __name__ == "__main__":  # a library module: name the command instead of exiting 0 having done nothing

@@ -6,6 +6,8 @@ reproduction's child runs (``winpos.experiments.child``).
   (``trim_metrics``); the files then read like one uninterrupted run.
 * ``FinalEvalHook``: the evaluation after training, only when training completed.
 * ``ProgressHook``: one progress line every few iterations (iteration, median loss, rate).
+* ``StopWhenAsked``: ends training between two iterations after ``request_stop`` (a job's preemption signal,
+  ``winpos.d2.launch.TrainJob``), every process at the same one, by raising ``StopRequested``.
 * ``warmup_step_schedule``: a short run's learning-rate multiplier (linear warm-up, then x0.1 at the end).
 * ``log_detectron2_to_file``: detectron2's log into a file only.
 """
@@ -104,6 +106,57 @@ class ProgressHook(hooks.HookBase):
                 else float("nan")
             rate = (it - self.trainer.start_iter) / max(time.time() - self.t0, 1e-9)
             self.emit(f"iteration {it}/{self.trainer.max_iter}, loss {loss:.3f}, {rate:.2f} it/s")
+
+
+class StopRequested(BaseException):
+    """Training stopped at an iteration boundary because ``request_stop`` was called (a preemption or time-out
+    signal). A ``BaseException``: detectron2's loop logs no error for it, runs its ``after_train`` hooks, and lets it
+    through to whoever asked."""
+
+    def __init__(self, signum: int, iteration: int):
+        super().__init__(f"stopped after iteration {iteration} on signal {signum}")
+        self.signum, self.iteration = signum, iteration
+
+
+_stop = {"armed": False, "signum": 0}  # armed: StopWhenAsked checks (and, with several processes, agrees) each step
+
+
+def arm_stop() -> None:
+    """Let ``request_stop`` end the training of this process (every process of the run must arm it alike)."""
+    _stop.update(armed=True, signum=0)
+
+
+def request_stop(signum: int, frame=None) -> None:
+    """A signal handler: ask the training loop to stop after the current iteration (nothing else happens in it)."""
+    _stop["signum"] = int(signum)
+
+
+class StopWhenAsked(hooks.HookBase):
+    """Before each step, when armed (``arm_stop``): stop if any process was asked to (``request_stop``), so every
+    process leaves the loop between the same two iterations (one integer all-reduced per step with several
+    processes; nothing at all when not armed). Registered first, so no hook has begun the step it stops. Raising
+    from a signal handler inside a step, or after a step that a writer has just logged, made detectron2's writers
+    fail in ``after_train`` with another error (ZeroDivisionError in the ETA of an iteration already written)."""
+
+    def before_step(self):
+        if not _stop["armed"]:
+            return
+        signum = _stop["signum"]
+        from detectron2.utils import comm
+
+        if comm.get_world_size() > 1:
+            import torch
+            import torch.distributed as dist
+
+            device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+            flag = torch.tensor([signum], dtype=torch.int64, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            signum = int(flag.item())
+        if signum:
+            done = self.trainer.iter - 1
+            logger.warning(f"signal {signum}: training stops after iteration {done} (the run continues from its last "
+                           "checkpoint with --resume)")
+            raise StopRequested(signum, done)
 
 
 def log_detectron2_to_file(path: str) -> None:

@@ -1,0 +1,202 @@
+"""SLURM through submitit and the launchers' environments (``winpos.d2.launch``, ``winpos-train --slurm``).
+
+The end-to-end test submits a 6-iteration shapes run (checkpoint every 2) through submitit's local executor, sends
+the job's task the preemption signal SLURM sends (USR2) after a checkpoint is on disk and before the run ends, and
+lets submitit do what it does on a cluster: call ``TrainJob.checkpoint``, requeue, rerun the returned command (the
+same with ``--resume``). The oracle is the same run trained without interruption by plain ``winpos-train`` (the
+local launch path): every tensor of both ``model_final.pth`` must be equal. The placement test starts two processes
+with SLURM's variables and checks the process group they form. About 90 s on 2 cores at load 7 (mostly imports).
+"""
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import require
+from winpos.errors import WinposError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "shapes" / "reproduce_hieradet.py")
+OPTS = ["train.device=cpu", "train.max_iter=6", "train.checkpointer.period=2", "train.log_period=1",
+        "train.eval_after_train=false", "dataloader.train.total_batch_size=2", "dataloader.train.num_workers=0"]
+
+
+def _args(out, *flags):
+    from winpos.cli.train_net import SLURM_FLAGS, build_parser
+
+    args = build_parser().parse_args([*flags, "--config-file", CONFIG, f"train.output_dir={out}", *OPTS])
+    return argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "slurm" and k not in SLURM_FLAGS})
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _last_checkpoint(out: Path) -> str:
+    try:
+        return (out / "last_checkpoint").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _logged_iterations(out: Path) -> int:
+    try:
+        return sum('"iteration"' in line for line in (out / "metrics.json").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def test_a_preempted_job_is_requeued_and_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
+    require("submitit")
+    from winpos.d2.launch import launch_main, submit
+
+    ref, out = tmp_path / "uninterrupted", tmp_path / "preempted"
+    job = submit(_args(out), gpus_per_node=1, minutes=60, folder=tmp_path / "submitit", local=True)
+    deadline = time.time() + 240
+    while _logged_iterations(out) < 3 and time.time() < deadline and not job.done():
+        time.sleep(0.02)  # iteration 2 done: past the checkpoint of iteration 1, three iterations before the end
+    signalled = _last_checkpoint(out)
+    assert signalled.startswith("model_00000") and not (out / "model_final.pth").exists(), \
+        f"the job ended or stalled before it could be preempted mid-run (last checkpoint {signalled!r})"
+    tasks = _children(job._process.pid)  # submitit's local controller runs the task as its child
+    assert len(tasks) == 1, tasks
+    os.kill(tasks[0], signal.SIGUSR2)  # what SLURM sends on preemption or ahead of the time limit
+    job.result()  # raises if the job failed
+    launch_main(_args(ref))  # the oracle: the same command run without interruption by the plain launch path
+    log = "".join((tmp_path / "submitit" / f"{job.job_id}_0_log.{s}").read_text() for s in ("out", "err"))
+    assert "this job is preempted" in log and "Requeued job" in log, log[-3000:]
+    run_log = (out / "log.txt").read_text()
+    assert run_log.count("Command line arguments") == 2 and "resume=True" in run_log.split("Command line arguments")[2]
+    starts = [int(line.rsplit(" ", 1)[1]) for line in run_log.splitlines() if "Starting training from iteration" in line]
+    assert starts[0] == 0 and 2 <= starts[1] <= 4, starts  # resumed from the checkpoint of iteration 1 or 3
+    print(f"preempted with {signalled} on disk; the requeued job started at iteration {starts[1]}")
+    wa = torch.load(ref / "model_final.pth", weights_only=True)
+    wb = torch.load(out / "model_final.pth", weights_only=True)
+    assert wa["iteration"] == wb["iteration"] == 5
+    assert len(wa["model"]) > 100 and [k for k in wa["model"] if not torch.equal(wa["model"][k], wb["model"][k])] == []
+
+
+def test_the_requeued_command_resumes_and_never_forces():
+    from winpos.d2.launch import TrainJob
+
+    submitit = require("submitit")
+    args = argparse.Namespace(resume=False, force=True, eval_only=False, opts=["a=1"])
+    delayed = TrainJob(args).checkpoint()
+    assert isinstance(delayed, submitit.helpers.DelayedSubmission)
+    again = delayed.function.args
+    assert again.resume and not again.force and again.opts == ["a=1"] and not args.resume  # the original unchanged
+    assert TrainJob(argparse.Namespace(resume=False, force=False, eval_only=True)).resumed().args.resume is False
+
+
+def test_placement_from_slurm_and_torchrun_variables():
+    from winpos.d2.launch import Placement, first_host, placement_from_env
+
+    slurm = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+             "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_JOB_NODELIST": "gpu[017-018]",
+             "SLURM_JOB_ID": "123456"}
+    assert placement_from_env(slurm) == Placement(5, 8, 1, 4, 1, 2, "gpu017", 20000 + 123456 % 20000, "slurm")
+    assert placement_from_env({**slurm, "MASTER_ADDR": "head", "MASTER_PORT": "4000"}).dist_url == "tcp://head:4000"
+    torchrun = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1",
+                "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    assert placement_from_env({**slurm, **torchrun}) == Placement(3, 4, 1, 2, 1, 2, "10.0.0.1", 29400, "torchrun")
+    assert placement_from_env({"PATH": "/bin"}) is None
+    assert [first_host(s) for s in ("a1", "n[003-005,9],c1", "n[7]", "x-1,y")] == ["a1", "n003", "n7", "x-1"]
+    with pytest.raises(WinposError, match="block order"):  # srun --distribution=cyclic: rank 1 on node 1
+        placement_from_env({**slurm, "SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"})
+    with pytest.raises(WinposError, match="same number on every node"):
+        placement_from_env({**slurm, "SLURM_TASKS_PER_NODE": "5,3"})
+
+
+WORKER = """
+import sys
+import torch.distributed as dist
+from detectron2.utils import comm
+from winpos.d2.launch import launch_main
+import argparse
+
+def main(args):
+    t = __import__("torch").tensor([comm.get_rank() + 1.0])
+    dist.all_reduce(t)
+    print("PLACED", comm.get_rank(), comm.get_world_size(), comm.get_local_rank(), comm.get_local_size(), int(t))
+
+launch_main(argparse.Namespace(num_gpus=1, num_machines=1, machine_rank=0, dist_url="auto"), main)
+"""
+
+
+def test_two_processes_placed_by_slurm_form_one_group():
+    """Two tasks as srun starts them (torchrun's variables lead to the same ``Placement``, tested above)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {"SLURM_PROCID": str(rank), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(rank), "SLURM_NODEID": "0",
+               "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "127.0.0.1", "MASTER_PORT": str(port)}
+        base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+        procs.append(subprocess.Popen([sys.executable, "-c", WORKER], env={**base, **env, "OMP_NUM_THREADS": "1"},
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
+    placed = sorted(line.split()[1:] for o, _ in outs for line in o.splitlines() if line.startswith("PLACED"))
+    assert placed == [["0", "2", "0", "2", "3"], ["1", "2", "1", "2", "3"]]  # rank, world, local rank, local size, sum
+
+
+def test_launch_flags_beside_a_launcher_are_refused():
+    from winpos.d2.launch import Placement, launch_main
+
+    two = Placement(0, 2, 0, 2, 0, 1, "127.0.0.1", 1, "slurm")
+    args = argparse.Namespace(num_gpus=1, num_machines=2, machine_rank=0, dist_url="auto")
+    with pytest.raises(WinposError, match="drop them"):
+        launch_main(args, print, placement=two)
+    with pytest.raises(WinposError, match="each task is already one process"):
+        launch_main(argparse.Namespace(**{**vars(args), "num_machines": 1, "num_gpus": 4}), print, placement=two)
+
+
+def test_slurm_time():
+    from winpos.d2.launch import parse_slurm_time
+
+    assert [parse_slurm_time(t) for t in ("90", "4:00:00", "30:30", "1-00:00:00", "2-3", "0:59:01")] == \
+        [90, 240, 31, 1440, 2 * 1440 + 180, 60]
+    with pytest.raises(WinposError, match="not a SLURM time"):
+        parse_slurm_time("4h")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--slurm-partition", "gpu"], ["--slurm-partition without --slurm", "add --slurm"]),
+    (["--slurm", "--slurm-local", "--num-machines", "2"], ["--slurm with --num-machines", "--slurm-nodes"]),
+    (["--slurm", "--num-gpus", "8"], ["--slurm with --num-gpus", "--slurm-gpus-per-node"]),
+    (["--slurm", "--slurm-time", "4h"], ["not a SLURM time"]),
+    (["--slurm"], ["sbatch is not on PATH", "--slurm-local"]),
+])
+def test_bad_slurm_flags_are_one_line(argv, needles, capsys, monkeypatch):
+    from winpos.cli.train_net import main
+
+    monkeypatch.setenv("PATH", "/nonexistent")  # no sbatch here, whatever the machine has
+    assert main([*argv, "--config-file", CONFIG]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:") and all(n in err[0] for n in needles), err
+
+
+def test_slurm_without_submitit_is_one_line(capsys, monkeypatch):
+    from winpos.cli.train_net import main
+
+    monkeypatch.setitem(sys.modules, "submitit", None)  # as if not installed
+    assert main(["--slurm", "--slurm-local", "--config-file", CONFIG]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs submitit" in err[0] and "pip install 'winpos[slurm]'" in err[0], err
