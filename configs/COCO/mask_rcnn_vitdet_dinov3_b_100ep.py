@@ -15,5 +15,7 @@ model.backbone.net.net = "vitdet_dinov3_b"
 model.backbone.net.recipe = "original"
 model.backbone.net.drop_path_rate = 0.1
 optimizer.params.lr_decay_rate = 0.7
+# LayerScale gains take no weight decay, as in DINOv3's own training (none on 1-D parameters)
+optimizer.params.overrides = {**optimizer.params.overrides, ".gamma": {"weight_decay": 0.0}}
 train.max_iter, lr_multiplier = coco_schedule(100)
 train.init_checkpoint = "vit_base_patch16_dinov3.lvd1689m.safetensors"  # the downloaded file (see above)

@@ -14,6 +14,8 @@ model.backbone.net.net = "vitdet_ropevit_b"
 model.backbone.net.recipe = "mixed"
 model.backbone.net.drop_path_rate = 0.1
 optimizer.params.lr_decay_rate = 0.7
-optimizer.params.overrides = {"rope": {"weight_decay": 0.0}}  # the learned frequencies, as rope-vit trains them
+# LayerScale gains take no weight decay, as in the family's own training (timm / DeiT-III: none on 1-D parameters);
+# pos_embed and the learned frequencies (rope) are exempt already
+optimizer.params.overrides = {**optimizer.params.overrides, ".gamma": {"weight_decay": 0.0}}
 train.max_iter, lr_multiplier = coco_schedule(100)
 train.init_checkpoint = "vit_base_patch16_rope_mixed_224.naver_in1k.safetensors"  # the downloaded file (see above)

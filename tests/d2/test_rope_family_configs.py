@@ -70,6 +70,10 @@ def test_recipe_trains_five_iterations_from_a_converted_checkpoint(family, tmp_p
                                atol=0)
     cfg.optimizer.params.model = model
     optimizer = instantiate(cfg.optimizer)
+    decay = {id(q): g["weight_decay"] for g in optimizer.param_groups for q in g["params"]}
+    assert decay[id(net.blocks[0].attn.qkv.weight)] == 0.1
+    if family != "eva02":  # LayerScale gains take no weight decay, as in the family's own training
+        assert decay[id(net.blocks[0].ls1.gamma)] == decay[id(net.blocks[1].ls2.gamma)] == 0.0
     before = {n: p.detach().clone() for n, p in net.named_parameters()}
     for it in range(5):
         with EventStorage(it):
