@@ -126,3 +126,16 @@ def test_an_op_without_an_onnx_form_is_one_line_naming_the_fix():
     with pytest.raises(WinposError, match=r"cannot be exported to ONNX: .*_upsample_bicubic2d_aa.*--formats") as e:
         export_and_check(model, "m", [(64, 64)], ("onnx",), example=_example(), stride=16)
     assert "\n" not in str(e.value)
+
+
+def test_the_benchmark_mode_measures_errors_and_latency_side_by_side():
+    """``benchmark.py export``: the error table's rows (format x size, the dynamic .pt2 named) and one latency row
+    with both runtimes timed in the same rounds (no speed asserted)."""
+    from winpos.bench.export import errors, latency
+
+    rows = errors(["vitdet_toy"], ["none"], [(64, 64), (64, 96)])
+    assert [(r["format"], r["size"]) for r in rows] == [
+        (f, s) for f in ("onnx", "pt2 (dynamic)", "torchscript") for s in ("64x64", "64x96")]
+    assert all(r["max_error"] <= r["tolerance"] for r in rows)
+    (row,) = latency(["vitdet_toy"], ["rope"], 64, repeats=2, warmup=0, threads=1)
+    assert row["eager_s"] > 0 and row["onnxruntime_s"] > 0 and len(row["per-round range"]) == 2

@@ -19,6 +19,10 @@
         # training steps/s of the tiny shapes Mask R-CNN per encoding (configs/shapes), ratio vs abswin
     python tools/benchmark.py train-step [--size 1024] [--families vitdet_b,hieradet_bplus] [--repeats 3]
         # one training step (fwd + bwd + AdamW) per encoding and detectron2's ViT: ratios to relpos, peak memory
+    python tools/benchmark.py export [--presets vitdet_toy,hieradet_toy] [--sizes 64,96] [--configs CFG,...]
+                                     [--latency-presets vitdet_b,hieradet_b] [--latency-size 512]
+        # every recipe exported (ONNX in onnxruntime, .pt2, TorchScript): max |error| against eager per family x
+        # recipe x format x size; eager vs onnxruntime CPU latency side by side (docs/export.md)
     python tools/benchmark.py kernels [ARGS of winpos.bench.kernels, e.g. --json out.json --reps 10] [--force]
         # Triton window attention vs SDPA (GPU); without CUDA it says so and runs its --dry-run. Its --json follows
         # the same policy (an existing file is replaced only with --force), and --reps / --batch / --budget must be
@@ -114,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="measure peak memory of one call per row (default on; --no-memory for a quick run)")
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,flex,mlp,scaling,train,train-step,kernels}")
+    sub = parser.add_subparsers(dest="what", required=True, metavar="{backbone,posemb,flex,mlp,scaling,train,train-step,export,kernels}")
 
     p = sub.add_parser("backbone", parents=[common, memory], help="full backbones vs their peers")
     p.add_argument("--which", default="all", choices=["all", "vitdet", "hiera"], help="backbone families")
@@ -173,6 +177,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=_positive, default=1024, help="image side in px (default 1024)")
     p.add_argument("--families", type=_csv, default=["vitdet_b", "hieradet_bplus"])
     p.add_argument("--repeats", type=_positive, default=3)
+
+    p = sub.add_parser("export", parents=[common], help="exported models vs eager: max error table, onnxruntime latency")
+    p.add_argument("--parts", type=_csv, default=["errors", "latency"], help="errors, latency or both (default)")
+    p.add_argument("--presets", type=_csv, default=["vitdet_toy", "hieradet_toy"],
+                   help="backbone presets of the error table (every recipe of each)")
+    p.add_argument("--recipes", type=_csv, default=None, help="recipes of the error table (default: all six)")
+    p.add_argument("--sizes", type=_sizes, default="64,96", help="sizes of the error table, H or HxW in px")
+    p.add_argument("--configs", type=_csv, default=[],
+                   help="shapes detector configs (by name) for the error table, exported with random weights")
+    p.add_argument("--latency-presets", type=_csv, default=["vitdet_b", "hieradet_b"])
+    p.add_argument("--latency-recipes", type=_csv, default=["paper", "rope"])
+    p.add_argument("--latency-size", type=positive_int, default=512, help="square input size in px (default 512)")
+    p.add_argument("--repeats", type=_positive, default=5)
 
     sub.add_parser("kernels", add_help=False, help="Triton kernels vs SDPA (every argument goes to "
                    "winpos.bench.kernels; --help shows its options)")
@@ -281,6 +298,12 @@ def main(argv=None) -> int:
 
         result = scaling.run(preset=args.preset, sizes=args.sizes, repeats=args.repeats,
                              warmup=args.warmup, memory=args.memory, plot_path=args.plot)
+    elif args.what == "export":
+        from winpos.bench import export
+
+        result = export.run(args.presets, args.recipes, [tuple(s) for s in args.sizes], args.configs,
+                            args.latency_presets, args.latency_recipes, args.latency_size, args.repeats,
+                            args.warmup, args.threads, parts=args.parts)
     elif args.what == "train-step":
         from winpos.bench import train_step
 

@@ -33,7 +33,7 @@ import torch.nn as nn
 from winpos.errors import WinposError, check_choice
 
 __all__ = ["EXPORT_NOTE", "EXPORT_RECIPES", "FORMATS", "ONNX_MIN_OPSET", "TOLERANCE", "Artifact", "Check",
-           "ExportResult", "build_backbone", "check_onnx_setup", "export_and_check", "export_mode", "planned_names", "require_onnxruntime",
+           "ExportResult", "build_backbone", "check_onnx_setup", "export_and_check", "export_mode", "onnx_bytes", "planned_names", "require_onnxruntime",
            "run_artifact", "write_export"]
 
 FORMATS = ("onnx", "pt2", "torchscript")
@@ -188,7 +188,8 @@ def _quiet_output():
             os.close(fd)
 
 
-def _onnx(model, x, opset) -> bytes:
+def onnx_bytes(model, x, opset: int = ONNX_MIN_OPSET) -> bytes:
+    """``torch.onnx.export`` of ``model`` at ``x``'s size (TorchScript-based, ``dynamo=False``) into memory."""
     buf = io.BytesIO()
     try:
         with _quiet_output():  # the exporter prints the whole graph (thousands of lines) when an op fails
@@ -304,7 +305,7 @@ def export_and_check(model: nn.Module, stem: str, sizes, formats=FORMATS, *, exa
                                     "pt2: one program per size (the position terms specialize the program to its grid)")
                 continue
             for s in sizes:
-                data = _onnx(model, example(s), opset) if fmt == "onnx" else _torchscript(model, example(s))
+                data = onnx_bytes(model, example(s), opset) if fmt == "onnx" else _torchscript(model, example(s))
                 result.artifacts.append(Artifact(fmt, f"{stem}_{s[0]}x{s[1]}{SUFFIX[fmt]}", data, s))
         for artifact in result.artifacts:
             for s in sizes if artifact.size is None else [artifact.size]:
