@@ -34,15 +34,16 @@ def _args(out, *flags):
     return argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "slurm" and k not in SLURM_FLAGS})
 
 
-def _children(pid: int) -> list[int]:
+def _tasks(folder: Path) -> list[int]:
+    """The pids of the job's tasks: the processes running submitit's ``_submit`` on ``folder``."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            argv = cmdline.read_bytes().split(b"\0")
         except OSError:
             continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
+        if b"submitit.core._submit" in argv and str(folder).encode() in argv:
+            found.append(int(cmdline.parent.name))
     return found
 
 
@@ -61,23 +62,33 @@ def _logged_iterations(out: Path) -> int:
 
 
 def test_a_preempted_job_is_requeued_and_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
+    """``winpos-train --slurm --slurm-local``, preempted (USR2) after iteration 2, against plain ``winpos-train``."""
     require("submitit")
-    from winpos.d2.launch import launch_main, submit
+    from winpos.d2.launch import launch_main
 
-    ref, out = tmp_path / "uninterrupted", tmp_path / "preempted"
-    job = submit(_args(out), gpus_per_node=1, minutes=60, folder=tmp_path / "submitit", local=True)
-    deadline = time.time() + 240
-    while _logged_iterations(out) < 3 and time.time() < deadline and not job.done():
-        time.sleep(0.02)  # iteration 2 done: past the checkpoint of iteration 1, three iterations before the end
-    signalled = _last_checkpoint(out)
-    assert signalled.startswith("model_00000") and not (out / "model_final.pth").exists(), \
-        f"the job ended or stalled before it could be preempted mid-run (last checkpoint {signalled!r})"
-    tasks = _children(job._process.pid)  # submitit's local controller runs the task as its child
-    assert len(tasks) == 1, tasks
-    os.kill(tasks[0], signal.SIGUSR2)  # what SLURM sends on preemption or ahead of the time limit
-    job.result()  # raises if the job failed
+    ref, out, folder = tmp_path / "uninterrupted", tmp_path / "preempted", tmp_path / "submitit"
+    command = [sys.executable, str(ROOT / "tools" / "train_net.py"), "--slurm", "--slurm-local", "--slurm-time", "60",
+               "--slurm-folder", str(folder), "--config-file", CONFIG, f"train.output_dir={out}", *OPTS]
+    cli = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.time() + 240
+        while _logged_iterations(out) < 3 and time.time() < deadline and cli.poll() is None:
+            time.sleep(0.02)  # iteration 2 done: past the checkpoint of iteration 1, three iterations before the end
+        signalled = _last_checkpoint(out)
+        assert signalled.startswith("model_00000") and not (out / "model_final.pth").exists(), \
+            f"the job ended or stalled before it could be preempted mid-run (last checkpoint {signalled!r})"
+        tasks = _tasks(folder)
+        assert len(tasks) == 1, tasks
+        os.kill(tasks[0], signal.SIGUSR2)  # what SLURM sends on preemption or ahead of the time limit
+        stdout, stderr = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 0 and "finished" in stdout, (stdout, stderr[-3000:])
+    job_id = stdout.split("submitted job ", 1)[1].split(":", 1)[0]
     launch_main(_args(ref))  # the oracle: the same command run without interruption by the plain launch path
-    log = "".join((tmp_path / "submitit" / f"{job.job_id}_0_log.{s}").read_text() for s in ("out", "err"))
+    log = "".join((folder / f"{job_id}_0_log.{s}").read_text() for s in ("out", "err"))
     assert "this job is preempted" in log and "Requeued job" in log, log[-3000:]
     run_log = (out / "log.txt").read_text()
     assert run_log.count("Command line arguments") == 2 and "resume=True" in run_log.split("Command line arguments")[2]
@@ -129,16 +140,32 @@ from winpos.d2.launch import launch_main
 import argparse
 
 def main(args):
+    import types
+    from winpos.d2.hooks import StopRequested, StopWhenAsked, arm_stop, request_stop
+
     t = __import__("torch").tensor([comm.get_rank() + 1.0])
     dist.all_reduce(t)
-    print("PLACED", comm.get_rank(), comm.get_world_size(), comm.get_local_rank(), comm.get_local_size(), int(t))
+    arm_stop()  # a preemption signal reaching rank 1 only: both ranks leave the loop before the same iteration
+    hook = StopWhenAsked()
+    hook.trainer = types.SimpleNamespace(iter=7)
+    hook.before_step()  # no signal yet: goes on
+    if comm.get_rank() == 1:
+        request_stop(12)
+    try:
+        hook.before_step()
+        stopped = "none"
+    except StopRequested as stop:
+        stopped = f"{stop.signum}@{stop.iteration}"
+    print("PLACED", comm.get_rank(), comm.get_world_size(), comm.get_local_rank(), comm.get_local_size(), int(t),
+          stopped)
 
 launch_main(argparse.Namespace(num_gpus=1, num_machines=1, machine_rank=0, dist_url="auto"), main)
 """
 
 
 def test_two_processes_placed_by_slurm_form_one_group():
-    """Two tasks as srun starts them (torchrun's variables lead to the same ``Placement``, tested above)."""
+    """Two tasks as srun starts them (torchrun's variables lead to the same ``Placement``, tested above) form one
+    gloo group, and a stop asked of one of them stops both before the same iteration."""
     import socket
 
     with socket.socket() as s:
@@ -154,7 +181,8 @@ def test_two_processes_placed_by_slurm_form_one_group():
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [e[-2000:] for _, e in outs]
     placed = sorted(line.split()[1:] for o, _ in outs for line in o.splitlines() if line.startswith("PLACED"))
-    assert placed == [["0", "2", "0", "2", "3"], ["1", "2", "1", "2", "3"]]  # rank, world, local rank, local size, sum
+    # rank, world, local rank, local size, the all-reduced sum, where each stopped (signal 12 after iteration 6)
+    assert placed == [["0", "2", "0", "2", "3", "12@6"], ["1", "2", "1", "2", "3", "12@6"]]
 
 
 def test_launch_flags_beside_a_launcher_are_refused():

@@ -150,7 +150,7 @@ def _submit(args, slurm: dict) -> int:
     if not slurm["local"]:
         return 0
     try:
-        job.result()
+        job.results()  # every task's
     except Exception as e:  # noqa: BLE001 - submitit re-raises the job's error with its traceback as text
         last = [line for line in str(e).strip().splitlines() if line.strip()][-1:] or [type(e).__name__]
         raise ProcessFailed(f"the job ended with: {last[0].strip()} (its log: {job.paths.stderr})", 1) from None
