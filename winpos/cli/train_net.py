@@ -125,14 +125,11 @@ def _slurm_request(args) -> dict | None:
     if importlib.util.find_spec("submitit") is None:
         raise WinposError("--slurm needs submitit, which is not installed: pip install 'winpos[slurm]' (or pip "
                           "install submitit)")
-    import shutil
-
-    from winpos.d2.launch import parse_slurm_time
+    from winpos.d2.launch import parse_slurm_time, require_sbatch
 
     minutes = parse_slurm_time(args.slurm_time or "4:00:00")
-    if not args.slurm_local and shutil.which("sbatch") is None:
-        raise WinposError("--slurm but sbatch is not on PATH (not a SLURM login node); submit from a machine with "
-                          "SLURM, or add --slurm-local to run the job here through submitit's local executor")
+    if not args.slurm_local:
+        require_sbatch()
     return dict(nodes=args.slurm_nodes or 1, gpus_per_node=args.slurm_gpus_per_node or 1,
                 minutes=minutes, partition=args.slurm_partition,
                 account=args.slurm_account, folder=args.slurm_folder, local=args.slurm_local)

@@ -33,7 +33,7 @@ from winpos.errors import (EXIT_FAILED, EXIT_USAGE, ProcessFailed, WinposError, 
 from winpos.outputs import atomic_write_json
 
 __all__ = ["NOTES_ENV", "run_reporting", "launched_failure", "Placement", "placement_from_env", "first_host",
-           "launch_main", "TrainJob", "submit", "parse_slurm_time"]
+           "launch_main", "TrainJob", "submit", "parse_slurm_time", "require_sbatch"]
 
 NOTES_ENV = "WINPOS_PROCESS_NOTES"  # the folder where each launched process leaves its note (set by the parent)
 _USAGE_ERRORS = (WinposError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
@@ -443,9 +443,8 @@ def submit(args: argparse.Namespace, nodes: int = 1, gpus_per_node: int = 1, min
     if local and nodes != 1:
         raise WinposError(f"--slurm-nodes {nodes} with --slurm-local: submitit's local executor runs one node; drop "
                           "--slurm-local to submit to SLURM")
-    if not local and not _has_sbatch():
-        raise WinposError("--slurm but sbatch is not on PATH (not a SLURM login node); submit from a machine with "
-                          "SLURM, or pass --slurm-local to run the job here through submitit's local executor")
+    if not local:
+        require_sbatch()
     world = nodes * gpus_per_node
     check_before_launch(argparse.Namespace(**{**vars(args), "num_gpus": gpus_per_node, "num_machines": nodes}))
     cfg = load_config(args.config_file, args.opts)
@@ -467,15 +466,18 @@ def submit(args: argparse.Namespace, nodes: int = 1, gpus_per_node: int = 1, min
     executor.update_parameters(**params)
     job_args = argparse.Namespace(**{**vars(args), "num_gpus": 1, "num_machines": 1, "machine_rank": 0})
     job = executor.submit(TrainJob(job_args))
-    print(f"submitted job {job.job_id}: {world} processes ({nodes} nodes x {gpus_per_node}), {minutes} min per "
+    print(f"submitted job {job.job_id}: {world} process(es), {nodes} node(s) x {gpus_per_node}, {minutes} min per "
           f"attempt, requeued with --resume on time-out or preemption; logs in {folder}", flush=True)
     return job
 
 
-def _has_sbatch() -> bool:
+def require_sbatch() -> None:
+    """Refuse a SLURM submission from a machine without ``sbatch`` on PATH."""
     import shutil
 
-    return shutil.which("sbatch") is not None
+    if shutil.which("sbatch") is None:
+        raise WinposError("--slurm but sbatch is not on PATH (not a SLURM login node); submit from a machine with "
+                          "SLURM, or add --slurm-local to run the job here through submitit's local executor")
 
 
 def _cuda_count() -> int:
