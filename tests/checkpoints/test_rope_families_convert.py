@@ -147,3 +147,24 @@ def test_a_partial_conversion_names_the_family_preset_that_holds_it():
     assert "\n" not in str(e.value)
     _, report = load_external(full.state_dict(), "vitdet_ropevit_s")  # the library default accepts and reports it
     assert len(report.lost) == 13
+
+
+def test_eva02_detection_checkpoint_layout():
+    """The authors' EVA-02 detector keeps the trunk under ``backbone.net.`` with its RoPE tables for window and global
+    blocks beside it, and the pyramid outside it: the trunk converts as the MIM file does, the rest is reported."""
+    from tests.checkpoints.test_rope_families import original_layout
+
+    full, trunk = _timm_pair("eva02_tiny_patch14_224", 224)
+    det = {f"backbone.net.{k}": v for k, v in original_layout(full.state_dict(), "eva02", full).items()}
+    det["backbone.net.rope_win.freqs_cos"] = torch.ones(256, 64)
+    det["backbone.net.rope_glb.freqs_cos"] = torch.ones(4096, 64)
+    det["backbone.simfp_2.0.weight"] = torch.zeros(8, 8, 2, 2)
+    det["roi_heads.box_predictor.cls_score.weight"] = torch.zeros(81, 8)
+    model = create("vitdet_eva02_t", window_size=0, img_size=224, patch_size=14, pretrain_img_size=224).eval()
+    sd, report = load_external({"model": det}, model)
+    assert report.source == "eva02" and not report.unknown and not report.lost, report.summary()
+    assert "detector part outside the ViT trunk" in dict(report.unexpected)["backbone.simfp_2.0.weight"]
+    model.load_state_dict(sd, strict=False)
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (model(x) - _timm_features(trunk, x)).abs().max() <= 1e-4

@@ -30,7 +30,7 @@ def adapt(state_dict: dict) -> Adapted:
             a.position = flat_abs(key, state_dict[key])
         elif name == "mask_token" or name.startswith("lm_head."):
             a.ignore(key, "masked-image-modeling token / head of pretraining")
-        elif name.startswith("rope."):
+        elif name.startswith(("rope.", "rope_win.", "rope_glb.")):  # MIM; the detector's window / global tables
             a.ignore(key, "fixed RoPE table, computed by winpos's RoPE")
         else:
             rope_vit_top_level(a, name, key, state_dict[key], "EVA-02")
