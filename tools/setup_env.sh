@@ -39,11 +39,12 @@ fi
 SAM2_BUILD_CUDA=0 SAM2_BUILD_ALLOW_ERRORS=1 "${PIP[@]}" --no-build-isolation sam2==1.1.0
 "${PIP[@]}" hiera-transformer==0.1.4 "timm==1.0.31" segment-anything==1.0 safetensors
 # SAM3's encoder (sam3.model.vitdet.ViT) is the oracle of the sam3 format; sam3 imports einops, iopath, ftfy and psutil
-# without declaring all of them. onnx + onnxruntime check winpos-export's graphs (the [export] extra).
-"${PIP[@]}" sam3==0.1.4 einops iopath ftfy psutil onnx onnxruntime
+# without declaring all of them. onnx + onnxruntime check winpos-export's graphs (the [export] extra); submitit runs
+# winpos-train --slurm (the [slurm] extra; its tests use submitit's local executor).
+"${PIP[@]}" sam3==0.1.4 einops iopath ftfy psutil onnx onnxruntime "submitit>=1.5"
 
 # winpos itself, editable, with test extras.
 "${PIP[@]}" --no-build-isolation -e "$ROOT[test]"
 
-"$PY" -c "import winpos, detectron2, sam2, timm, hiera, segment_anything, sam3, onnxruntime; print('[setup_env] ok: torch', __import__('torch').__version__)"
+"$PY" -c "import winpos, detectron2, sam2, timm, hiera, segment_anything, sam3, onnxruntime, submitit; print('[setup_env] ok: torch', __import__('torch').__version__)"
 echo "$HASH" > "$STAMP"
