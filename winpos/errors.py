@@ -39,8 +39,7 @@ EXIT_ENVIRONMENT = EXIT_USAGE  # a package missing here (detectron2): never a ve
 # line with the command that installs it, instead of a traceback; any other ImportError keeps its traceback.
 D2_STACK = ("detectron2", "fvcore", "iopath", "omegaconf", "hydra", "yacs", "termcolor", "tabulate", "cloudpickle",
             "torchvision", "shapely", "tensorboard", "pkg_resources")
-D2_INSTALL = ("pip install 'winpos[d2]' && pip install --no-build-isolation "
-              "'git+https://github.com/facebookresearch/detectron2.git' (needs a C++ compiler)")
+D2_INSTALL = "python -m winpos.install_d2 (detectron2's pure-Python part and the [d2] extra; no compiler needed)"
 
 
 class WinposError(ValueError):
