@@ -236,6 +236,7 @@ def run(argv=None) -> int:
 
 
 def main(argv=None) -> int:
+    """The command: ``run`` with bad input turned into one ``error:`` line and exit status 2."""
     return run_cli(run, argv)
 
 
