@@ -18,7 +18,7 @@ import torch
 
 from winpos.bench.timing import interleaved_times, print_table, round_ratios
 
-__all__ = ["errors", "latency", "run"]
+__all__ = ["errors", "latency", "pivot", "run"]
 
 
 def _example(seed: int = 0):
@@ -86,13 +86,27 @@ def latency(presets, recipes, size: int, repeats: int, warmup: int, threads: int
     return rows
 
 
+def pivot(rows) -> tuple[list[dict], list[str]]:
+    """The error rows as one line per model and recipe, a column per format and size (what docs/export.md shows);
+    a cell of the one dynamic .pt2 program says so."""
+    cols, table = [], {}
+    for r in rows:
+        fmt, dynamic = r["format"].split()[0], r["format"].endswith("(dynamic)")
+        col = f"{fmt} {r['size']}"
+        if col not in cols:
+            cols.append(col)
+        table.setdefault((r["model"], r["recipe"]), {"model": r["model"], "recipe": r["recipe"],
+                                                     "tolerance": r["tolerance"]})[col] = \
+            f"{r['max_error']:.2g} (dynamic)" if dynamic else r["max_error"]
+    return list(table.values()), ["model", "recipe", *cols, "tolerance"]
+
+
 def run(presets, recipes, sizes, configs, latency_presets, latency_recipes, latency_size, repeats, warmup,
         threads, parts=("errors", "latency")) -> dict:
     result = {"threads": threads, "torch": torch.__version__}
     if "errors" in parts:
         rows = errors(presets, recipes, sizes, configs)
-        print_table("Export: max |error| against eager (float32, CPU)", rows,
-                    ["model", "recipe", "format", "size", "max_error", "tolerance"])
+        print_table("Export: max |error| against eager (float32, CPU)", *pivot(rows))
         result["errors"] = rows
     if "latency" in parts:
         import onnxruntime
