@@ -84,8 +84,16 @@ def test_sam3_recipe_trains_five_iterations_from_a_converted_checkpoint(tmp_path
     torch.testing.assert_close(net.patch_embed.proj.weight.detach(),
                                resample_patch_kernel(trunk["patch_embed.proj.weight"], (16, 16)), rtol=0, atol=0)
     torch.testing.assert_close(net.blocks[3].mlp.fc2.weight.detach(), trunk["blocks.3.mlp.fc2.weight"], rtol=0, atol=0)
-    cfg.optimizer.params.model = model
-    optimizer = instantiate(cfg.optimizer)
+    moved = train_five_iterations(model, cfg, net)
+    assert "ln_pre.weight" in moved and "blocks.0.attn.qkv.weight" in moved and "pos_embed.window_embed" in moved
+
+
+def train_five_iterations(model, cfg, net, optimizer=None) -> list[str]:
+    """Five optimizer steps of ``model`` on two synthetic images (finite losses); the names of ``net``'s parameters
+    that moved."""
+    if optimizer is None:
+        cfg.optimizer.params.model = model
+        optimizer = instantiate(cfg.optimizer)
     before = {n: p.detach().clone() for n, p in net.named_parameters()}
     for it in range(5):
         with EventStorage(it):
@@ -95,5 +103,4 @@ def test_sam3_recipe_trains_five_iterations_from_a_converted_checkpoint(tmp_path
         optimizer.zero_grad()
         total.backward()
         optimizer.step()
-    moved = [n for n, p in net.named_parameters() if not torch.equal(p.detach(), before[n])]
-    assert "ln_pre.weight" in moved and "blocks.0.attn.qkv.weight" in moved and "pos_embed.window_embed" in moved
+    return [n for n, p in net.named_parameters() if not torch.equal(p.detach(), before[n])]

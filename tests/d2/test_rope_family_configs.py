@@ -6,11 +6,10 @@ canvas and fewer proposals)."""
 import pytest
 import torch
 from detectron2.config import instantiate
-from detectron2.utils.events import EventStorage
 
 from tests.conftest import require
-from tests.d2.test_configs import _saved_and_reloaded, _synthetic_batch, meta_parameters
-from tests.d2.test_family_configs import CPU_HEADS
+from tests.d2.test_configs import _saved_and_reloaded, meta_parameters
+from tests.d2.test_family_configs import CPU_HEADS, train_five_iterations
 from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
 from winpos.d2.optim import layer_ids
 from winpos.model_zoo import get_config, list_configs
@@ -74,16 +73,7 @@ def test_recipe_trains_five_iterations_from_a_converted_checkpoint(family, tmp_p
     assert decay[id(net.blocks[0].attn.qkv.weight)] == 0.1
     if family != "eva02":  # LayerScale gains take no weight decay, as in the family's own training
         assert decay[id(net.blocks[0].ls1.gamma)] == decay[id(net.blocks[1].ls2.gamma)] == 0.0
-    before = {n: p.detach().clone() for n, p in net.named_parameters()}
-    for it in range(5):
-        with EventStorage(it):
-            losses = model(_synthetic_batch(n=2, num_classes=cfg.model.roi_heads.num_classes))
-        total = sum(losses.values())
-        assert torch.isfinite(total), losses
-        optimizer.zero_grad()
-        total.backward()
-        optimizer.step()
-    moved = [n for n, p in net.named_parameters() if not torch.equal(p.detach(), before[n])]
+    moved = train_five_iterations(model, cfg, net, optimizer)
     assert "blocks.0.attn.qkv.weight" in moved and "blocks.1.mlp.fc1.weight" in moved
     if family == "ropevit":  # the learned frequencies train too
         assert "blocks.0.attn.rope.freqs" in moved
