@@ -226,12 +226,15 @@ def _pt2(model, example, sizes, stride: int) -> list[tuple[bytes, tuple[int, int
         torch.export.save(program, buf)  # output-policy: into memory; write_export writes the files
         return buf.getvalue()
 
-    try:
-        if len(sizes) > 1:
-            h, w = Dim("h", min=1, max=4096 // stride), Dim("w", min=1, max=4096 // stride)
+    if len(sizes) > 1 and all(h % stride == 0 and w % stride == 0 for h, w in sizes):
+        h, w = Dim("h", min=1, max=4096 // stride), Dim("w", min=1, max=4096 // stride)
+        try:
             program = export(model, (example(sizes[0]),), dynamic_shapes=({2: stride * h, 3: stride * w},))
-            if _takes_every_size(program, example, sizes):
-                return [(saved(program), None)]
+        except Exception:  # a constraint the model's shape arithmetic violates: one program per size instead
+            program = None
+        if program is not None and _takes_every_size(program, example, sizes):
+            return [(saved(program), None)]
+    try:
         return [(saved(export(model, (example(s),))), s) for s in sizes]
     except Exception as e:
         raise _export_failed("torch.export", e, "leave pt2 out of --formats") from None
