@@ -8,7 +8,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${WINPOS_VENV:-$ROOT/.venv}"
 PY="$VENV/bin/python"
 STAMP="$VENV/.winpos-setup-v1"
-HASH="$(cat "$ROOT/setup.py" "$ROOT/tools/setup_env.sh" | sha256sum | cut -d' ' -f1)"
+HASH="$(cat "$ROOT/setup.py" "$ROOT/pyproject.toml" "$ROOT/tools/setup_env.sh" | sha256sum | cut -d' ' -f1)"
 
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$HASH" ]] && "$PY" -c "import winpos, detectron2, sam2, timm" 2>/dev/null; then
   echo "[setup_env] $VENV is up to date"
