@@ -22,6 +22,5 @@ model.backbone.net.patch_size = 16
 model.backbone.net.pretrain_img_size = 384  # SAM3's 24 x 24 pretraining grid at 16 px
 model.backbone.net.drop_path_rate = 0.5
 optimizer.params.lr_decay_rate = 0.9
-optimizer.params.overrides = {"rope": {"weight_decay": 0.0}}
 train.max_iter, lr_multiplier = coco_schedule(100)
 train.init_checkpoint = "sam3.pt"  # the downloaded file (see above)

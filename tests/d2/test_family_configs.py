@@ -54,6 +54,11 @@ def test_sam3_recipe_instantiates_by_name_at_full_size(name, tmp_path):
     assert ids["backbone.net.net.ln_pre.weight"] == (0, 32) == ids["backbone.net.net.patch_embed.proj.weight"]
     assert ids["backbone.net.net.blocks.31.mlp.fc2.weight"] == (32, 32)
     assert cfg.optimizer.params.lr_decay_rate == 0.9 and cfg.train.init_checkpoint == "sam3.pt"
+    cfg.optimizer.params.model = model
+    decay = {id(p): g["weight_decay"] for g in instantiate(cfg.optimizer).param_groups for p in g["params"]}
+    embed = [(n, p) for n, p in model.named_parameters() if "pos_embed" in n]
+    assert len(embed) == 2 and all(decay[id(p)] == 0.0 for _, p in embed)  # the tiled embedding: no weight decay
+    assert decay[id(net.blocks[0].attn.qkv.weight)] == 0.1
 
 
 def _sam3_file(path):
