@@ -137,23 +137,23 @@ def install_files(wheel: Path, site: Path) -> list[str]:
         for name in names:
             target = site / name
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(zf.read(name))
+            target.write_bytes(zf.read(name))  # output-policy: installed files
     requirements = wheel_requirements(metadata)
     info = site / DIST_INFO
     info.mkdir(exist_ok=True)
     head = [line for line in metadata.split("\n\n", 1)[0].splitlines()
             if not line.startswith(("Requires-Dist:", "Provides-Extra:", "Summary:"))]
     dropped = "; ".join(f"{k}: {why}" for k, why in DROPPED.items())
-    (info / "METADATA").write_text(
+    (info / "METADATA").write_text(  # output-policy: installed files
         "\n".join(head + [f"Summary: detectron2's pure-Python part from {PACKAGE} {VERSION}, installed by "
                           f"{INSTALLER} (no compiled _C; requirements left out: {dropped})"]
                   + [f"Requires-Dist: {r}" for r in requirements]) + "\n")
-    (info / "INSTALLER").write_text(INSTALLER + "\n")
-    (info / "LICENSE").write_bytes(license_text)
-    (info / "top_level.txt").write_text("detectron2\n")
+    (info / "INSTALLER").write_text(INSTALLER + "\n")  # output-policy: installed files
+    (info / "LICENSE").write_bytes(license_text)  # output-policy: installed files
+    (info / "top_level.txt").write_text("detectron2\n")  # output-policy: installed files
     rels = names + [f"{DIST_INFO}/{n}" for n in ("METADATA", "INSTALLER", "LICENSE", "top_level.txt")]
-    (info / "RECORD").write_text("\n".join([_record_line(site, r) for r in rels] + [f"{DIST_INFO}/RECORD,,"])
-                                 + "\n")
+    record = "\n".join([_record_line(site, r) for r in rels] + [f"{DIST_INFO}/RECORD,,"]) + "\n"
+    (info / "RECORD").write_text(record)  # output-policy: installed files
     return requirements
 
 
