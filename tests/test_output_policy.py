@@ -12,7 +12,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
 
 from winpos.outputs import EXEMPT_MARK
 

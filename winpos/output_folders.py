@@ -49,7 +49,7 @@ def lock_folder(folder, refusal: str) -> int:
     path = os.path.join(os.fspath(folder), LOCK_NAME)
     try:  # never through a link: it would truncate the file it points to
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)  # output-policy: the lock, not an output
-    except OSError as e:
+    except OSError:
         if os.path.islink(path):
             raise link_refusal(path) from None
         raise

@@ -3,7 +3,6 @@
 Oracle for accumulation: one optimizer step on the whole batch. A model without batch-dependent layers and a
 per-image mean loss has the same gradient whether the batch is seen at once or as equal micro-batches whose losses
 are divided by their count. DDP (gloo, one process) must all-reduce once per optimizer step."""
-import itertools
 from pathlib import Path
 
 import pytest

@@ -7,7 +7,6 @@ import re
 import shlex
 import warnings
 
-import pytest
 import torch
 
 from tests.conftest import require

@@ -199,7 +199,7 @@ def test_experiments_modules_import_each_other_without_a_circle():
                 deps |= {mod[2]} if len(mod) > 2 else {a.name for a in node.names}
         graph[f.stem] = deps - {f.stem}
     assert graph["protocol"] == set()
-    seen, done = set(), set()
+    done = set()
 
     def visit(n, path):
         assert n not in path, f"import circle: {' -> '.join(path + [n])}"

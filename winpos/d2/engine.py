@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import logging
 import os
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import json
 import logging
-import os
 from pathlib import Path
 
 import numpy as np

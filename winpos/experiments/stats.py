@@ -8,7 +8,6 @@ The t distribution is computed here (no scipy): its CDF through the regularised 
 """
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 
