@@ -87,19 +87,26 @@ def _saved_and_reloaded(cfg, tmp_path):
     return LazyConfig.load(str(path))
 
 
+def instantiated_and_reloaded(cfg, tmp_path):
+    """``cfg.model`` built on meta parameters, and again from the ``config.yaml`` it saves to: both must have the
+    same tensors (output_dir/config.yaml rebuilds the same model). Returns ``(model, reloaded config)``."""
+    again = _saved_and_reloaded(cfg, tmp_path)
+    with meta_parameters():
+        model = instantiate(cfg.model)
+        reloaded = instantiate(again.model)
+    assert {k: v.shape for k, v in model.state_dict().items()} == \
+        {k: v.shape for k, v in reloaded.state_dict().items()}
+    return model, again
+
+
 @pytest.mark.parametrize("path,recipe", COCO_WITH_RECIPES, ids=[f"{p.stem}-{r}" for p, r in COCO_WITH_RECIPES])
 def test_coco_config_instantiates(path, recipe, tmp_path):
     cfg = load_config(path, [f"{recipe_key(path)}={recipe}"])
-    again = _saved_and_reloaded(cfg, tmp_path)
     assert cfg.dataloader.train.dataset.names == "coco_2017_train"
     assert cfg.dataloader.test.dataset.names == "coco_2017_val"
     assert cfg.train.max_iter in (184375, 138281) and cfg.train.init_checkpoint
     assert cfg.train.amp.enabled and cfg.train.amp.precision == "fp16"  # detectron2's AMPTrainer: fp16 + GradScaler
-    with meta_parameters():
-        model = instantiate(cfg.model)
-        reloaded = instantiate(again.model)  # output_dir/config.yaml rebuilds the same model
-    assert {k: v.shape for k, v in model.state_dict().items()} == \
-        {k: v.shape for k, v in reloaded.state_dict().items()}
+    model, _ = instantiated_and_reloaded(cfg, tmp_path)
     shapes = model.backbone.output_shape()
     assert list(shapes) == ["p2", "p3", "p4", "p5", "p6"]
     assert [s.stride for s in shapes.values()] == [4, 8, 16, 32, 64] and {s.channels for s in shapes.values()} == {256}

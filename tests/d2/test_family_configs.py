@@ -12,7 +12,7 @@ from detectron2.config import instantiate
 from detectron2.utils.events import EventStorage
 
 from tests.conftest import require
-from tests.d2.test_configs import CONFIGS, FAMILY_COCO, _saved_and_reloaded, _synthetic_batch, meta_parameters
+from tests.d2.test_configs import CONFIGS, FAMILY_COCO, _synthetic_batch, instantiated_and_reloaded
 from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
 from winpos.d2.optim import layer_ids
 from winpos.model_zoo import get_config, list_configs
@@ -38,12 +38,7 @@ def test_every_family_config_is_tested_here():
 def test_sam3_recipe_instantiates_by_name_at_full_size(name, tmp_path):
     assert name in list_configs()
     cfg = get_config(name)
-    again = _saved_and_reloaded(cfg, tmp_path)
-    with meta_parameters():
-        model = instantiate(cfg.model)
-        reloaded = instantiate(again.model)
-    assert {k: v.shape for k, v in model.state_dict().items()} == \
-        {k: v.shape for k, v in reloaded.state_dict().items()}
+    model, _ = instantiated_and_reloaded(cfg, tmp_path)
     net = model.backbone.net.net
     assert (net.depth, net.embed_dim, net.patch_size, net.window_size, net.global_blocks) == \
         (32, 1024, 16, 24, (7, 15, 23, 31))

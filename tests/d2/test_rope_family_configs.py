@@ -8,7 +8,7 @@ import torch
 from detectron2.config import instantiate
 
 from tests.conftest import require
-from tests.d2.test_configs import _saved_and_reloaded, meta_parameters
+from tests.d2.test_configs import instantiated_and_reloaded
 from tests.d2.test_family_configs import CPU_HEADS, train_five_iterations
 from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
 from winpos.d2.optim import layer_ids
@@ -32,12 +32,7 @@ def test_recipe_instantiates_by_name_at_full_size(name, tmp_path):
     stem, recipe, weights = FAMILIES[family]
     width_name, depth, width, decay = SIZES[size]
     cfg = get_config(name)
-    again = _saved_and_reloaded(cfg, tmp_path)
-    with meta_parameters():
-        model = instantiate(cfg.model)
-        reloaded = instantiate(again.model)
-    assert {k: v.shape for k, v in model.state_dict().items()} == \
-        {k: v.shape for k, v in reloaded.state_dict().items()}
+    model, _ = instantiated_and_reloaded(cfg, tmp_path)
     net = model.backbone.net.net
     assert (cfg.model.backbone.net.net, cfg.model.backbone.net.recipe) == (f"{stem}_{size}", recipe)
     assert (net.depth, net.embed_dim, net.patch_size) == (depth, width, 16)
