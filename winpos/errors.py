@@ -34,6 +34,7 @@ __all__ = ["WinposError", "MissingInputError", "EXIT_USAGE", "EXIT_FAILED", "EXI
 EXIT_USAGE = 2
 EXIT_FAILED = 1
 EXIT_ENVIRONMENT = EXIT_USAGE  # a package missing here (detectron2): never a verdict (the doctor: 0 OK, 1 BUG)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports a process it interrupted
 
 # The packages winpos.d2 imports (detectron2 and the [d2] extra's). A command that meets one missing says so in one
 # line with the command that installs it, instead of a traceback; any other ImportError keeps its traceback.
@@ -171,8 +172,10 @@ def run_cli(main: Callable[..., int | None], argv=None) -> int:
 
     ``WinposError`` (every check of winpos raises it) and missing or unusable paths are bad input:
     ``EXIT_USAGE`` (2). Any other ``OSError`` (disk full, file size limit) happened while working: ``EXIT_FAILED``
-    (1). Any other exception is a bug and keeps its traceback. The returned status of ``main`` (None meaning 0) is
-    passed through otherwise.
+    (1). Ctrl-C is one ``interrupted:`` line and ``EXIT_INTERRUPTED`` (130): every output is published only once it
+    is complete, so what an interrupted command was writing is absent and the earlier files are as they were. Any
+    other exception is a bug and keeps its traceback. The returned status of ``main`` (None meaning 0) is passed
+    through otherwise.
     """
     quiet_third_party_warnings()
     try:
@@ -192,6 +195,11 @@ def run_cli(main: Callable[..., int | None], argv=None) -> int:
     except OSError as e:
         _print_error(e)
         return EXIT_FAILED
+    except KeyboardInterrupt:
+        sys.stdout.flush()
+        print("\ninterrupted (Ctrl-C): nothing it was writing was published and earlier outputs are unchanged; run "
+              "the command again (a training run continues with --resume)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0 if status is None else int(status)
 
 
