@@ -191,6 +191,15 @@ def test_interim_before_every_pipeline_is_whole_or_with_other_seeds(tmp_path):
     assert not part["complete"] and part["tests"]["box"]["D1"]["verdict"] == \
         "interim: 10 of the 24 declared pipelines whole, no verdict"
     assert part["sentence"].startswith("Interim (10 of 24 declared pipelines whole, no verdict)")
+    from winpos.experiments.footing_report import format_equivalence, plot_equivalence
+
+    # no peeking: while interim, no estimate, interval, p value or per-pipeline difference is printed or drawn
+    text = format_equivalence(part)
+    assert "withheld" in part["sentence"] and "+0.01" not in part["sentence"]
+    assert "TOST p lower" not in text and "per pipeline:" not in text and "mean +" not in text
+    assert "observed sd" not in text
+    assert text.count("withheld until the study is whole") == 4  # D1, D2 for box and mask
+    assert plot_equivalence(part, str(tmp_path / "interim.png"))
     fewer = FA.analyze_equivalence(_study(tmp_path, pipelines=(12, 13)), _fake([0.0] * 24, [0.0] * 24))
     assert fewer["interim"] == "2 of the 24 declared pipelines asked for"
     assert fewer["tests"]["box"]["D1"]["verdict"].startswith("interim: 2 of the 24 declared pipelines asked for")

@@ -356,7 +356,8 @@ def equivalence_sentence(t: dict, declared_n: int, whole: int) -> str:
     est = (f"abs-win - naive after finetuning at canvas 1.25x is {t['mean']:+.2f} box AP [95% CI "
            f"{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}] over {t['n']} independently trained detectors (TOST p "
            f"{_p3(t['tost_p_lower'])} / {_p3(t['tost_p_upper'])} at +-{t['margin']:g}, t p {_p3(t['p_t'])})")
-    if t["verdict"].startswith("interim"):
-        return f"Interim ({whole} of {declared_n} declared pipelines whole, no verdict): {est}."
+    if t["verdict"].startswith("interim"):  # the stopping rule: nothing to read before every pipeline is whole
+        return (f"Interim ({whole} of {declared_n} declared pipelines whole, no verdict): the estimate is withheld "
+                "until every declared pipeline is whole (no peeking).")
     word = t["verdict"].split(" (Holm")[0]
     return f"{est[0].upper()}{est[1:]}: {word} (Holm over D1 / D2)."

@@ -363,6 +363,10 @@ def format_equivalence(result: dict) -> str:
             if t["n"] < 2:
                 lines.append(f"     n={t['n']}: no interval yet")
                 continue
+            if t["verdict"].startswith("interim"):  # the declared stopping rule: no peeking
+                lines.append(f"     n={t['n']}: the interval, p values and per-pipeline differences are withheld "
+                             f"until the study is whole ({t['verdict']})")
+                continue
             per = ", ".join(f"p{p} {d:+.2f}" for p, d in zip(t["pipelines"], t["diffs"]))
             lines.append(f"     n={t['n']} mean {t['mean']:+.3f} [{t['ci'][0]:+.3f}, {t['ci'][1]:+.3f}] (95%; 90% "
                          f"[{t['ci90'][0]:+.3f}, {t['ci90'][1]:+.3f}])  sd {t['sd']:.3f}  p_t {_p(t['p_t'])}  "
@@ -378,7 +382,7 @@ def format_equivalence(result: dict) -> str:
     lines.append(f"\npower as declared (n = {pw['n']}, pipeline sd {pw['sd']:g}): t test at a true +-0.3 AP "
                  f"{pw['t_at_0.3']:.2f} (alpha 0.05) / {pw['t_at_0.3_holm']:.2f} (Holm's first step, 0.025), "
                  f"at 0.5 {pw['t_at_0.5']:.2f}; TOST at a true 0 {pw['tost_at_0']:.2f} / {pw['tost_at_0_holm']:.2f}")
-    if "observed_sd" in result["power"]:
+    if "observed_sd" in result["power"] and result["complete"]:  # the contrast's sd: withheld while interim
         o = result["power"]["observed_sd"]
         lines.append(f"power at the observed sd {o['sd']:.3f}: t at 0.3 {o['t_at_0.3']:.2f}, TOST at 0 "
                      f"{o['tost_at_0']:.2f}")
@@ -417,6 +421,10 @@ def plot_equivalence(result: dict, path: str) -> bool:
     names = list(box)
     for j, name in enumerate(names):
         t = box[name]
+        if t["verdict"].startswith("interim"):  # the declared stopping rule: no dots before the study is whole
+            ax.text(j, 0.5 * m, f"n={t['n']}: withheld\nuntil every declared\npipeline is whole", ha="center",
+                    va="bottom", fontsize=8, color="0.3")
+            continue
         d = t["diffs"]
         spans += [abs(v) for v in d]
         ax.plot([j - 0.1] * len(d), d, ".", color="0.35", ms=7, alpha=0.8, zorder=2)
