@@ -105,7 +105,7 @@ def test_a_preempted_job_is_requeued_and_ends_bit_identical_to_an_uninterrupted_
 
 
 def test_the_requeued_command_resumes_and_never_forces():
-    from winpos.d2.launch import TrainJob
+    from winpos.d2.slurm import TrainJob
 
     submitit = require("submitit")
     args = argparse.Namespace(resume=False, force=True, eval_only=False, opts=["a=1"])
@@ -200,7 +200,7 @@ def test_launch_flags_beside_a_launcher_are_refused():
 
 
 def test_slurm_time():
-    from winpos.d2.launch import parse_slurm_time
+    from winpos.d2.slurm import parse_slurm_time
 
     assert [parse_slurm_time(t) for t in ("90", "4:00:00", "30:30", "1-00:00:00", "2-3", "0:59:01")] == \
         [90, 240, 31, 1440, 2 * 1440 + 180, 60]

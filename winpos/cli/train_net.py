@@ -104,7 +104,7 @@ SLURM_FLAGS = ("slurm_nodes", "slurm_gpus_per_node", "slurm_partition", "slurm_a
 
 
 def _slurm_request(args) -> dict | None:
-    """The --slurm-* flags as ``winpos.d2.launch.submit``'s keywords (None without --slurm), refusing a --slurm-*
+    """The --slurm-* flags as ``winpos.d2.slurm.submit``'s keywords (None without --slurm), refusing a --slurm-*
     flag without --slurm, the local launch flags beside it, and a missing submitit, before torch is imported."""
     import importlib.util
 
@@ -125,7 +125,7 @@ def _slurm_request(args) -> dict | None:
     if importlib.util.find_spec("submitit") is None:
         raise WinposError("--slurm needs submitit, which is not installed: pip install 'winpos[slurm]' (or pip "
                           "install submitit)")
-    from winpos.d2.launch import parse_slurm_time, require_sbatch
+    from winpos.d2.slurm import parse_slurm_time, require_sbatch
 
     minutes = parse_slurm_time(args.slurm_time or "4:00:00")
     if not args.slurm_local:
@@ -139,7 +139,7 @@ def _submit(args, slurm: dict) -> int:
     """Submit the run; with --slurm-local wait for the job and end as it ends (its error as one line)."""
     import argparse as _argparse
 
-    from winpos.d2.launch import submit
+    from winpos.d2.slurm import submit
     from winpos.errors import ProcessFailed
 
     run_args = _argparse.Namespace(**{k: v for k, v in vars(args).items() if k != "slurm" and k not in SLURM_FLAGS})

@@ -8,8 +8,8 @@ classes directly (``HieraDetBackbone``, ``ViTDetBackbone``) and need no registra
 Modules: ``backbone`` (adapters), ``registry`` (yacs builders), ``optim`` (layer decay, no-WD groups), ``data``
 (registration, LSJ mapper, resumable loader), ``train_loop`` (AMP trainer), ``checkpoint`` (atomic saves, safe
 and foreign loads), ``config`` (strict overrides), ``safe_config`` (a config.yaml read as data: safe YAML, trusted
-``_target_`` only), ``engine`` (train / test), ``launch`` (processes: local, srun / torchrun, SLURM jobs through
-submitit), ``evaluate`` (COCO eval, resolution sweep, fps), ``predict`` (visualizations).
+``_target_`` only), ``engine`` (train / test), ``launch`` (processes: local, srun / torchrun), ``slurm`` (jobs
+through submitit that requeue and resume), ``evaluate`` (COCO eval, resolution sweep, fps), ``predict`` (visualizations).
 """
 from winpos.d2.backbone import HieraDetBackbone, ViTDetBackbone
 from winpos.d2.optim import get_optimizer_params

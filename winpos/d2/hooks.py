@@ -7,7 +7,7 @@ reproduction's child runs (``winpos.experiments.child``).
 * ``FinalEvalHook``: the evaluation after training, only when training completed.
 * ``ProgressHook``: one progress line every few iterations (iteration, median loss, rate).
 * ``StopWhenAsked``: ends training between two iterations after ``request_stop`` (a job's preemption signal,
-  ``winpos.d2.launch.TrainJob``), every process at the same one, by raising ``StopRequested``.
+  ``winpos.d2.slurm.TrainJob``), every process at the same one, by raising ``StopRequested``.
 * ``warmup_step_schedule``: a short run's learning-rate multiplier (linear warm-up, then x0.1 at the end).
 * ``log_detectron2_to_file``: detectron2's log into a file only.
 """
