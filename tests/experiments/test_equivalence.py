@@ -191,7 +191,7 @@ def test_interim_before_every_pipeline_is_whole_or_with_other_seeds(tmp_path):
     assert not part["complete"] and part["tests"]["box"]["D1"]["verdict"] == \
         "interim: 10 of the 24 declared pipelines whole, no verdict"
     assert part["sentence"].startswith("Interim (10 of 24 declared pipelines whole, no verdict)")
-    from winpos.experiments.footing_report import format_equivalence, plot_equivalence
+    from winpos.experiments.equivalence_report import format_equivalence, plot_equivalence
 
     # no peeking: while interim, no estimate, interval, p value or per-pipeline difference is printed or drawn
     text = format_equivalence(part)
@@ -209,7 +209,7 @@ def test_interim_before_every_pipeline_is_whole_or_with_other_seeds(tmp_path):
 
 
 def test_the_report_says_the_verdict_the_tost_p_values_and_draws_the_figure(tmp_path):
-    from winpos.experiments.footing_report import format_equivalence, plot_equivalence
+    from winpos.experiments.equivalence_report import format_equivalence, plot_equivalence
 
     rng = random.Random(1)
     res = FA.analyze_equivalence(_study(tmp_path), _fake([rng.gauss(0.05, 0.3) for _ in range(24)],

@@ -130,7 +130,7 @@ def _equivalence(args, log) -> int:
 
     from winpos.experiments import footing as F
     from winpos.experiments.footing_analysis import analyze_equivalence
-    from winpos.experiments.footing_report import format_equivalence, plot_equivalence
+    from winpos.experiments.equivalence_report import format_equivalence, plot_equivalence
     from winpos.outputs import atomic_write_json
 
     out = Path(args.output if args.output != "output/reproduce" else "output/equivalence")

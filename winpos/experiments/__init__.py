@@ -6,4 +6,7 @@
 * ``runs`` / ``child``: each run in its own process, identified by everything that made it;
 * ``stats`` / ``report``: paired differences per seed with 95% t-intervals, tables and plots;
 * ``reproduce`` / ``demo``: the whole protocol (``tools/reproduce.py``) and its short form (``tools/run_demo.py``).
+* ``footing`` / ``footing_analysis`` / ``footing_report``: the equal-footing study, its declared tests and report;
+  ``equivalence_report``: the declared equivalence study's report (its specs and analysis live in the two before);
+* ``archive``: sealed results of finished runs, read back in any checkout.
 """
