@@ -8,6 +8,20 @@ before triton is first imported; see ``_jit``).
 
 Without the ``triton`` package installed, ``window_attention`` is not exported (``from winpos.kernels import
 window_attention`` raises ImportError), so ``winpos.attention`` falls back to its reference backend.
+
+Modules:
+
+    attention_fwd_bwd   host side of fused window attention: launch plans, ``torch.library`` ops, autograd Function
+    dispatch            ``window_attention``, the fused twin of the reference attention, and when to prefer it
+    launch_config       tile sizes, windows per program, warps and stages of the attention kernels
+    rope                the standalone RoPE kernel on the token grid (the unfused baseline) and its autograd
+    self_check          each launch signature checked against the reference before it first serves
+    _jit                lazy, mode-consistent import of the Triton sources (interpreter or compiled)
+    tl_attention        Triton kernels of window attention: forward, dQ pass, dK/dV pass
+    tl_common           Triton device helpers shared by the attention and RoPE kernels
+    tl_relpos           Triton helpers of the decomposed relative-position bias
+    tl_rope             Triton source of the standalone RoPE kernel
+    tl_tiles            Triton helpers: which tokens a tile holds, where they sit, the padding mask
 """
 import importlib.util
 

@@ -17,6 +17,17 @@ The package by job: ``terms`` (the input types and their validation), ``geometry
 with the kernels' rules), ``reference`` (the SDPA backend), ``bias`` (building its additive bias), ``workspace``
 (its reused CPU mask buffer), ``flex`` (the FlexAttention backend) and ``spec`` (the materialized specification
 the tests compare against).
+
+Modules:
+
+    terms           the op's inputs (q, k, v, position-term descriptions) and their validation
+    geometry        attention groups (windows or one global group) and the padding mask, with the kernels' rules
+    reference       the reference backend: PyTorch SDPA on partitioned windows
+    bias            the reference path's additive bias: LookHere, padding mask, relpos rows
+    workspace       the reference path's reused CPU mask buffer, one per thread and dtype
+    relpos_train    decomposed relpos attention for training on the reference backend, queries in blocks
+    flex            the FlexAttention backend (relpos / LookHere as a ``score_mod``, a block mask)
+    spec            the materialized specification the tests compare every backend against
 """
 from __future__ import annotations
 

@@ -13,6 +13,18 @@ needs from its config.
 the trunk is found under its ``backbone.`` prefix, the other keys are reported), and converts them between every
 ``pos_embed`` choice. It refuses a result with NaN / inf values (naming the keys) and a result that holds no
 tensor of the target (the wrong ``format`` or another architecture).
+
+Modules:
+
+    io          safe reads: ``weights_only`` torch files, safetensors, detectron2 ``.pkl`` as data
+    formats     the vocabulary of checkpoint formats and ``detect``
+    adapters/   one adapter per format: source names -> winpos trunk names and one embedding form
+    convert     the one conversion: shape checks, embedding form, relpos resampling
+    report      ``LoadReport``: what an import did with every key
+    presets     which winpos presets a checkpoint's trunk fits
+    hiera       Hiera-family shortcuts (SAM2, official Hiera, timm, winpos) into HieraDet
+    vitdet      ViT-family shortcuts (detectron2, SAM, MAE, timm, DINOv3, EVA-02, RoPE-ViT, winpos) into ViTDet
+    lookhere    the LookHere authors' checkpoints into winpos ViTDet, the target built from their config
 """
 from __future__ import annotations
 

@@ -2,14 +2,16 @@
 and as ``tools/<name>.py`` in a checkout). Each module's ``main(argv=None)`` returns the exit status: bad input is
 one ``error:`` line and status 2; ``--help`` and argument errors import neither torch nor detectron2.
 
-    winpos-train      train_net            train or evaluate a LazyConfig (detectron2's flags)
-    winpos-eval       eval_coco            COCO box / mask AP, resolution sweeps, speed
-    winpos-predict    predict              drawings and predictions.json for images, a video file or a camera
-    winpos-posemb     posemb_viz           doctor (configs, presets) and plot (checkpoints)
-    winpos-convert    convert_checkpoint   an outside checkpoint into a winpos backbone
-    winpos-demo       run_demo             the main job on the embedded data, from the shipped detector
-    winpos-reproduce  reproduce            the paper's protocol at CPU scale
-    winpos-export     export               a backbone or detector to ONNX, .pt2 and TorchScript, each checked
+Modules (each one command):
+
+    train_net             winpos-train: train or evaluate a LazyConfig (detectron2's flags)
+    eval_coco             winpos-eval: COCO box / mask AP, resolution sweeps, speed
+    predict               winpos-predict: drawings and predictions.json for images, a video file or a camera
+    posemb_viz            winpos-posemb: doctor (configs, presets) and plot (checkpoints)
+    convert_checkpoint    winpos-convert: an outside checkpoint into a winpos backbone
+    run_demo              winpos-demo: the main job on the embedded data, from the shipped detector
+    reproduce             winpos-reproduce: the paper's protocol at CPU scale
+    export                winpos-export: a backbone or detector to ONNX, .pt2 and TorchScript, each checked
 """
 COMMANDS = {
     "winpos-train": "train_net",

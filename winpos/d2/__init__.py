@@ -5,11 +5,29 @@ does, and registers ``build_hieradet_fpn_backbone`` / ``build_vitdet_sfp_backbon
 ``BACKBONE_REGISTRY`` for yacs configs (call ``add_winpos_config(cfg)`` first). LazyConfig files name the
 classes directly (``HieraDetBackbone``, ``ViTDetBackbone``) and need no registration.
 
-Modules: ``backbone`` (adapters), ``registry`` (yacs builders), ``optim`` (layer decay, no-WD groups), ``data``
-(registration, LSJ mapper, resumable loader), ``train_loop`` (AMP trainer), ``checkpoint`` (atomic saves, safe
-and foreign loads), ``config`` (strict overrides), ``safe_config`` (a config.yaml read as data: safe YAML, trusted
-``_target_`` only), ``engine`` (train / test), ``launch`` (processes: local, srun / torchrun), ``slurm`` (jobs
-through submitit that requeue and resume), ``evaluate`` (COCO eval, resolution sweep, fps), ``predict`` (visualizations).
+Modules:
+
+    backbone        detectron2 ``Backbone`` adapters around the plain winpos backbones
+    registry        ``BACKBONE_REGISTRY`` builders for yacs configs
+    config          LazyConfig files loaded with strict ``key=value`` overrides
+    safe_config     a saved config.yaml read as data: safe YAML, trusted ``_target_`` only
+    data            registration, the LSJ mapper, a resumable, reproducible training loader
+    own_data        one's own COCO data in the commands: its class names and the config's class count
+    optim           parameter groups: layer decay, no weight decay on norms and embeddings
+    train_loop      the AMP trainer, on any device
+    hooks           the training loop's hooks and schedule
+    checkpoint      atomic periodic saves, safe and foreign loads, exact RNG resume
+    run_dir         one run per output folder, never taken over, never shared
+    startup         what a run is about to do, said once at its start, and its batch arithmetic
+    engine          train / test entry points behind ``winpos-train``
+    launch          starting training processes: local, ``srun`` / ``torchrun``, and their reports
+    slurm           jobs through submitit that requeue and resume (``winpos-train --slurm``)
+    evaluate        COCO box / mask AP, resolution sweep, fps (``winpos-eval``)
+    predict         a model on image files, its predictions drawn (``winpos-predict``)
+    video           prediction on a video file or a camera, the annotated video written
+    export          a whole detector to ONNX, ``.pt2`` and TorchScript, checked (``winpos-export``)
+    doctor          the doctor (``winpos.diagnostics.doctor``) for LazyConfig files as well as presets
+    peers           detectron2's own models built for comparison (``winpos.bench.peers`` times them)
 """
 from winpos.d2.backbone import HieraDetBackbone, ViTDetBackbone
 from winpos.d2.optim import get_optimizer_params

@@ -6,6 +6,16 @@ three for the ``winpos-posemb`` command (winpos.cli.posemb_viz). The doctor (``w
 built model at an image size: its token embedding, and with ``position_terms`` (``winpos.diagnostics.terms``) what
 its RoPE and relpos terms see against their training, drawn by ``winpos.diagnostics.term_plots``. Plotting
 (matplotlib) is imported only when used.
+
+Modules:
+
+    extract       the position embedding in another project's checkpoint, as the grid the model adds
+    metrics       window-similarity metrics on an effective embedding grid
+    report        numbers and verdicts at several image sizes, and the ``winpos-posemb plot`` driver
+    plots         the window-similarity figures (Agg canvases)
+    doctor        the doctor: what each position term of a built model sees at an image size
+    terms         the doctor's reading of the RoPE and relpos block terms at a new image size
+    term_plots    figures of the doctor's block-term reading, one per term
 """
 
 from winpos.diagnostics.extract import FORMATS, EmbeddingInfo, effective_embeddings

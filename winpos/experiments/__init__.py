@@ -1,12 +1,20 @@
-"""The reproduction of "Window Attention is Bugged" at CPU scale, above the detectron2 integration (``winpos.d2``):
+"""The reproduction of "Window Attention is Bugged" at CPU scale, above the detectron2 integration (``winpos.d2``).
 
-* ``protocol``: sizes, encodings, rows, conditions and the spec of every run;
-* ``pretrain``: stage 0, a unit-layout autoencoder (Hiera's MAE as a variant) that lets an absolute embedding learn a window pattern;
-* ``checkpoints``: the conversions (abs-win, the control, the recursive form), hashes, window structure, export;
-* ``runs`` / ``child``: each run in its own process, identified by everything that made it;
-* ``stats`` / ``report``: paired differences per seed with 95% t-intervals, tables and plots;
-* ``reproduce`` / ``demo``: the whole protocol (``tools/reproduce.py``) and its short form (``tools/run_demo.py``).
-* ``footing`` / ``footing_analysis`` / ``footing_report``: the equal-footing study, its declared tests and report;
-  ``equivalence_report``: the declared equivalence study's report (its specs and analysis live in the two before);
-* ``archive``: sealed results of finished runs, read back in any checkout.
+Modules:
+
+    protocol              sizes, encodings, rows, conditions and the spec of every run
+    pretrain              stage 0: a unit-layout autoencoder that lets an absolute embedding learn a window pattern
+    checkpoints           the conversions (abs-win, the control, the recursive form), hashes, window structure
+    runs                  each run in its own process, identified by everything that made it
+    child                 one run, in its own process (``python -m winpos.experiments.child SPEC_JSON``)
+    archive               sealed results of finished runs, read back in any checkout
+    stats                 paired differences per seed with 95% t-intervals
+    report                the reproduction's summary, tables and plot
+    reproduce             the whole protocol (``winpos-reproduce``)
+    demo                  its short form on the embedded default (``winpos-demo``)
+    vitdet                the ViTDet half of the reproduction (``winpos-reproduce --vitdet``)
+    footing               the equal-footing study: its specs, runs and collection
+    footing_analysis      the equal-footing study's declared tests
+    footing_report        the equal-footing study's tables and figure
+    equivalence_report    the declared equivalence study's text and figure
 """

@@ -4,6 +4,22 @@ token position embedding in one form).
 An adapter only renames and sorts; every check and conversion is ``winpos.checkpoints.convert.convert``. Adding a
 checkpoint format is one new file here with an ``adapt(state_dict) -> Adapted`` function, its name in
 ``formats.Format`` (with a rule in ``formats.detect``) and one line in ``ADAPTERS`` below.
+
+Modules:
+
+    _common         what the adapters share: container prefixes, flat and abs-win embeddings, the block renamer
+    hiera           official Hiera and timm's plain Hiera (a flat row-major ``pos_embed``)
+    timm_abswin     timm ``hiera_*_abswin`` (global plus window embedding)
+    sam2            SAM2 / SAM2.1 checkpoints or a bare sam2 ``Hiera`` trunk
+    sam             segment-anything ``ImageEncoderViT``
+    sam3            SAM3's image encoder, bare or inside a whole SAM3 checkpoint
+    mae             MAE / timm-style ViT encoders
+    detectron2      detectron2 ViTDet (``.pkl`` of numpy arrays or ``.pth``)
+    dinov3          DINOv3 (Meta's layout and timm's)
+    eva02           EVA-02 (MIM, detection and timm checkpoints)
+    rope_vit        RoPE-ViT (naver-ai's and timm's)
+    lookhere        the LookHere authors' ViT-B weights
+    winpos_native   winpos's own HieraDet / ViTDet files, backbone-only
 """
 from __future__ import annotations
 
