@@ -76,6 +76,7 @@ def test_one_converted_model_runs_where_sam3_needs_a_rebuild():
     assert err <= 1e-4, err
 
 
+@pytest.mark.slow  # 32 s
 def test_the_full_sam3_encoder_equals_sam3():
     oracle = _oracle(336, FULL)
     ours, report = _converted(oracle, "vitdet_sam3", 336)

@@ -81,6 +81,7 @@ def trained(tmp_path_factory):
     return {"out": out, "killed_at": killed_at, "seconds": time.time() - start, "log": resumed.stderr}
 
 
+@pytest.mark.slow  # the module's trained run: 462 s
 def test_killed_run_resumes_without_lost_or_repeated_iterations(trained):
     out = trained["out"]
     assert trained["killed_at"] > CKPT_PERIOD - 1
@@ -93,6 +94,7 @@ def test_killed_run_resumes_without_lost_or_repeated_iterations(trained):
     assert len(saved) < 50_000 and f"max_iter: {MAX_ITER}" in saved
 
 
+@pytest.mark.slow  # the module's trained run (462 s)
 def test_tiny_config_learns(trained):
     final = [r for r in _metrics(trained["out"]) if "bbox/AP" in r][-1]
     print(f"\nshapes {CONFIG.stem}: {MAX_ITER} iterations in {trained['seconds']:.0f} s (with one kill + resume); "
@@ -101,6 +103,7 @@ def test_tiny_config_learns(trained):
     assert final["segm/AP50"] >= BOX_AP50_FLOOR
 
 
+@pytest.mark.slow  # 30 s and the trained run
 def test_eval_from_checkpoint_reproduces_ap_and_sweeps_sizes(trained, tmp_path):
     from winpos.d2.evaluate import evaluate_checkpoint
 
@@ -114,6 +117,7 @@ def test_eval_from_checkpoint_reproduces_ap_and_sweeps_sizes(trained, tmp_path):
     assert set(saved) == {"192", "256"} and (tmp_path / "resolution_sweep.png").stat().st_size > 1000
 
 
+@pytest.mark.slow  # the module's trained run (462 s)
 def test_predict_writes_drawings(trained, tmp_path):
     from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
     from winpos.d2.config import load_config
@@ -145,6 +149,7 @@ def _train_short(out, flags=(), opts=(), threads=1):
     return res
 
 
+@pytest.mark.slow  # 31 s
 def test_resumed_run_equals_uninterrupted_run(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     _train_short(a)
@@ -165,6 +170,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path):
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6, msg=k)
 
 
+@pytest.mark.slow  # 28 s
 def test_two_process_training_with_launch(tmp_path):
     res = _train_short(tmp_path, flags=["--num-gpus", "2", "--dist-url", "auto"], opts=["train.max_iter=4"])
     log = (tmp_path / "log.txt").read_text()

@@ -70,6 +70,7 @@ def _sam3_file(path):
     return trunk
 
 
+@pytest.mark.slow  # 55 s with OMP_NUM_THREADS unset
 def test_sam3_recipe_trains_five_iterations_from_a_converted_checkpoint(tmp_path):
     from winpos.checkpoints.convert import resample_patch_kernel
 

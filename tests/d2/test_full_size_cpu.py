@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from detectron2.data.datasets.builtin_meta import COCO_CATEGORIES
 from PIL import Image
 
@@ -61,6 +62,7 @@ def make_coco(root: Path) -> None:
         (root / "coco" / "annotations" / f"instances_{split}.json").write_text(json.dumps(data))
 
 
+@pytest.mark.slow  # 285 s
 def test_full_size_recipes_train_save_resume_and_evaluate_on_cpu(tmp_path):
     make_coco(tmp_path / "datasets")
     runs = [(name, str(ROOT / cfg), str(tmp_path / name)) for name, cfg in CONFIGS.items()]

@@ -28,6 +28,7 @@ def _train(out, *flags):
     return res
 
 
+@pytest.mark.slow  # 70 s
 def test_a_two_process_resume_equals_the_uninterrupted_run(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     res = _train(a)
@@ -46,6 +47,7 @@ def test_a_two_process_resume_equals_the_uninterrupted_run(tmp_path):
     assert len(saved["ranks"]) == 2 and not torch.equal(saved["ranks"][0]["torch"], saved["ranks"][1]["torch"])
 
 
+@pytest.mark.slow  # 33 s
 def test_a_refusal_under_two_processes_is_one_error_line(tmp_path):
     (tmp_path / "config.yaml").write_text("earlier: run\n")  # the folder holds another run
     res = _train(tmp_path)

@@ -45,6 +45,7 @@ def test_recipe_instantiates_by_name_at_full_size(name, tmp_path):
     assert cfg.train.init_checkpoint.startswith(weights.format(width_name))
 
 
+@pytest.mark.slow  # 50-54 s each with OMP_NUM_THREADS unset
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_recipe_trains_five_iterations_from_a_converted_checkpoint(family, tmp_path):
     stem, _, weights = FAMILIES[family]

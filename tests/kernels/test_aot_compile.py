@@ -30,6 +30,7 @@ import pytest
 
 from tests.kernels.aot_compile import EVERYTHING, KERNELS, markdown, row_id
 
+pytestmark = pytest.mark.slow  # every test reads the module's compile of every launch: 135 s
 HERE = Path(__file__).resolve().parent
 ROW_IDS = [row_id(shape, term, kernel) for shape, term in EVERYTHING for kernel in KERNELS]
 
