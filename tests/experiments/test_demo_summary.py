@@ -43,10 +43,39 @@ def test_a_gain_in_every_seed_is_reported_with_its_interval(tmp_path):
     # per seed +0.9, +1.5, +0.9: mean 1.1, sd 0.35, t(0.975, 2) = 4.303 -> half-width 0.86
     assert "naive 55.3 | abs-win 56.4 box AP" in text and "per seed +0.9, +1.5, +0.9" in text
     assert "+1.10 [+0.24, +1.96]" in text and "the interval excludes 0" in text
-    assert "(this run's one test: one detector, 3 seeds" in text
-    assert "over 12 independently trained detectors the same cell gains about +0.2 box AP, and test T5 of the " \
-        "equal-footing study did not replicate" in text
+    assert "(this run's one test: one detector, 3 seeds, one draw: finetuning rounds differently on other CPUs, " \
+        "which draw other intervals)" in text
+    assert "this cell was a lead, +0.34 [+0.09, +0.59] box AP over six (T5 of the equal-footing study), that six " \
+        "more did not replicate (+0.09 [-0.19, +0.36])" in text
     assert "[BUG]" in text and "6.5 min" in text
+
+
+def test_the_study_numbers_it_prints_are_the_studys():
+    """The closing line quotes T5 and its replication R5 as the study's results JSON has them."""
+    import json
+    from pathlib import Path
+
+    from winpos.experiments.demo import STUDY_CELL, STUDY_R5, STUDY_T5
+
+    results = json.loads((Path(__file__).resolve().parents[2] / "docs" / "results" / "equal_footing.json").read_text())
+    t5, r5 = results["tests"]["box"]["T5"], results["replication"]["tests"]["box"]["R5"]
+    def fmt(t):
+        return f"{t['mean']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]"
+
+    assert (fmt(t5), fmt(r5)) == (STUDY_T5, STUDY_R5)
+    assert "canvas 1.25x" in t5["claim"] and "canvas 1.25x" in r5["claim"] and STUDY_CELL == ("canvas", "1.25x")
+    assert results["study"]["finetune_seeds"] == [0, 1, 2] and r5["replicates"] == "T5"
+
+
+def test_the_study_is_quoted_only_at_its_cell(tmp_path):
+    summary = _summary([55.3, 54.5, 56.0], [56.2, 56.0, 56.9])
+    summary["protocol"]["condition"] = "upscaled"
+    for part in ("zero_shot", "stage2"):
+        for row in summary[part].values():
+            row["upscaled"] = row.pop("canvas")
+    text = _printed(summary, tmp_path)
+    assert "the interval excludes 0" in text and "other CPUs" in text
+    assert "T5" not in text and "+0.34" not in text
 
 
 def test_a_tie_is_not_called_a_difference(tmp_path):
