@@ -231,6 +231,23 @@ def test_finetuned_figure_is_drawn_only_when_there_is_a_finetuning_run(tmp_path)
     assert "finetuned box / mask AP" in text and "power of T3 (box)" in text and "abs2win   canvas 4x: 12.1" in text
 
 
+def test_report_says_what_its_intervals_cover_and_names_the_masked_variant():
+    import copy
+
+    from winpos.experiments.footing_report import format_footing
+
+    result = json.loads((ROOT / "docs" / "results" / "equal_footing.json").read_text())
+    text = format_footing(result)
+    assert "every interval of this study covers training randomness only: all pipelines are evaluated on the same " \
+        "images and finetuned with the same seeds (0, 1, 2)" in text
+    assert "the masked stage-0 variant (hiera_mae: loss on masked units, masked tokens kept in the encoder, a linear " \
+        "decoder; not Hiera's MAE), 8000 iterations" in text
+    for change in ({"eval_images": 1000}, {"drawn_seeds": True}):  # evaluation sets or seeds of each pipeline's own
+        other = copy.deepcopy(result)
+        other["study"].update(change)
+        assert "training randomness only" not in format_footing(other)
+
+
 def test_power_grows_with_n():
     assert ST.power_paired(0.5, 1.0, 6) < ST.power_paired(0.5, 1.0, 30) < 1
     n = ST.n_for_power(0.5, 1.0)

@@ -56,6 +56,11 @@ def format_footing(result: dict) -> str:
         for row, cells in fin.items():
             lines.append(f"  {row:9s} " + "; ".join(f"{cell}: {_mi(v['box'])} / {_mi(v['mask'])}"
                                                     for cell, v in sorted(cells.items())))
+    study = result.get("study") or {}
+    if study.get("eval_images") is None and not study.get("drawn_seeds"):
+        seeds = ", ".join(str(x) for x in study.get("finetune_seeds") or ())
+        lines.append(f"\nevery interval of this study covers training randomness only: all pipelines are evaluated on "
+                     f"the same images and finetuned with the same seeds ({seeds}), so neither is sampled")
     for family in ("box", "mask"):
         lines.append(f"\ndeclared tests, {family} AP (Holm over T1-T4 as declared, T5-T6 over all six; a test not run "
                      "counts as p = 1):")
@@ -75,7 +80,8 @@ def format_footing(result: dict) -> str:
     mae = result.get("hiera_mae")
     if mae:
         h = mae["history"]
-        lines.append(f"\nHiera's MAE as stage 0, {h[-1]['iter']} iterations: WS@4 "
+        lines.append(f"\nthe masked stage-0 variant (hiera_mae: loss on masked units, masked tokens kept in the encoder, "
+                     f"a linear decoder; not Hiera's MAE), {h[-1]['iter']} iterations: WS@4 "
                      + " -> ".join(f"{r['ws']:.2f}@{r['iter']}" for r in _thin(h))
                      + "; reliance (held-out loss) "
                      + ", ".join(f"{k} {v:.3f}" for k, v in mae["reliance"].items()))
