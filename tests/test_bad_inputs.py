@@ -85,7 +85,7 @@ def test_convert_on_a_full_disk_keeps_the_previous_file(tmp_path):
 
 
 def test_atomic_write_shows_no_partial_file_and_cleans_up(tmp_path):
-    from winpos.outputs import atomic_write
+    from winpos.utils.outputs import atomic_write
 
     target = tmp_path / "w.bin"
     target.write_bytes(b"old")
@@ -113,7 +113,7 @@ def test_atomic_savefig_writes_the_format_of_the_extension_and_refuses_an_unknow
     import matplotlib.pyplot as plt
 
     from winpos.errors import WinposError
-    from winpos.outputs import atomic_savefig
+    from winpos.utils.outputs import atomic_savefig
 
     fig, ax = plt.subplots(figsize=(2, 2))
     ax.plot([0, 1], [1, 0])

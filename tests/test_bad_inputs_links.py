@@ -37,8 +37,8 @@ def _one_line(e):
 
 def test_f01_a_linked_lock_is_refused_and_its_target_untouched(tmp_path, outside):
     from winpos.d2.run_dir import claim_run_dir, release_run_dir
-    from winpos.output_folders import claim_output_dir
-    from winpos.outputs import LOCK_NAME
+    from winpos.utils.output_folders import claim_output_dir
+    from winpos.utils.outputs import LOCK_NAME
 
     for kind in ("eval", "train"):
         out = tmp_path / kind
@@ -55,7 +55,7 @@ def test_f01_a_linked_lock_is_refused_and_its_target_untouched(tmp_path, outside
 
 
 def test_f01_f04_train_refuses_a_linked_lock_or_log_in_one_line(tmp_path, outside):
-    from winpos.outputs import LOCK_NAME
+    from winpos.utils.outputs import LOCK_NAME
 
     cases = ((LOCK_NAME, "keep.txt", ()), ("log.txt", "size_96/a.json", ()),
              ("metrics.json", "size_96/b.pth", ("--resume",)))  # metrics.json marks a run: appended on a resume
@@ -71,8 +71,8 @@ def test_f01_f04_train_refuses_a_linked_lock_or_log_in_one_line(tmp_path, outsid
 
 def _earlier_sweep(out):
     """A folder an earlier evaluation wrote (``size_96/`` and ``sub/x`` listed in its manifest), then released."""
-    from winpos.output_folders import claim_output_dir
-    from winpos.outputs import atomic_write_text
+    from winpos.utils.output_folders import claim_output_dir
+    from winpos.utils.outputs import atomic_write_text
 
     claim = claim_output_dir(out, planned=["resolution_sweep.json"])
     for name in ("resolution_sweep.json", "size_96/a.json", "size_96/b.pth", "sub/x"):
@@ -88,8 +88,8 @@ def test_f02_f03_force_never_deletes_behind_a_linked_sub_folder(tmp_path, outsid
     ``--force`` claim replaces the folder's outputs; the files behind the link stay, and no error follows."""
     import shutil
 
-    from winpos.output_folders import claim_output_dir
-    from winpos.outputs import atomic_write_text
+    from winpos.utils.output_folders import claim_output_dir
+    from winpos.utils.outputs import atomic_write_text
 
     out = tmp_path / "eval"
     _earlier_sweep(out)
@@ -113,8 +113,8 @@ def test_f02_f03_force_never_deletes_behind_a_linked_sub_folder(tmp_path, outsid
 
 
 def test_f02_a_write_below_a_linked_sub_folder_is_refused(tmp_path, outside):
-    from winpos.output_folders import claim_output_dir, publish_folder
-    from winpos.outputs import atomic_write_text
+    from winpos.utils.output_folders import claim_output_dir, publish_folder
+    from winpos.utils.outputs import atomic_write_text
 
     out = tmp_path / "eval"
     out.mkdir()
@@ -137,8 +137,8 @@ def test_f02_a_write_below_a_linked_sub_folder_is_refused(tmp_path, outside):
 
 def test_a_link_as_the_file_itself_is_replaced_not_written_through(tmp_path, outside):
     """An atomic write replaces a link named like its output (``os.replace`` renames over the link)."""
-    from winpos.output_folders import claim_output_dir
-    from winpos.outputs import atomic_write_text
+    from winpos.utils.output_folders import claim_output_dir
+    from winpos.utils.outputs import atomic_write_text
 
     out = tmp_path / "eval"
     out.mkdir()

@@ -1,4 +1,4 @@
-"""Ctrl-C in any winpos command is one line and status 130 (``winpos.errors.run_cli``), not a traceback; an
+"""Ctrl-C in any winpos command is one line and status 130 (``winpos.utils.cli.run_cli``), not a traceback; an
 interrupted ``winpos-predict --force`` over a complete video leaves the earlier video and JSON byte-identical
 (the outputs are staged and published only when complete)."""
 import hashlib
@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 from tests.bad_inputs_helpers import ROOT, _env
-from winpos.errors import EXIT_INTERRUPTED, run_cli
+from winpos.utils.cli import EXIT_INTERRUPTED, run_cli
 
 
 def test_ctrl_c_is_one_line_and_status_130(capsys):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from winpos.backbones import create
-from winpos.errors import D2_INSTALL, EXIT_ENVIRONMENT, missing_d2_line, run_cli
+from winpos.utils.cli import D2_INSTALL, EXIT_ENVIRONMENT, missing_d2_line, run_cli
 
 RUN_WINDOWS = (8, 4, 8, 4)  # the shapes configs' HieraDet windows; the hieradet_toy preset's own are (8, 4, 14, 7)
 

@@ -99,7 +99,7 @@ def test_torchvision_pinned_to_the_installed_torch(monkeypatch):
 
 
 def test_help_and_the_error_line_name_the_command(capsys):
-    from winpos.errors import D2_INSTALL
+    from winpos.utils.cli import D2_INSTALL
 
     assert "python -m winpos.install_d2" in D2_INSTALL
     with pytest.raises(SystemExit) as e:

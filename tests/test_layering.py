@@ -6,7 +6,7 @@ Every ``import`` / ``from ... import`` statement of every module is checked, inc
 functions (a lazy import is still a dependency). ``kernels/`` is installed as ``winpos.kernels``. The stack,
 bottom up (a module may import its own layer and the layers below):
 
-    helpers (winpos, errors, windows, outputs, cache) < data < posemb < kernels < attention < backbones < checkpoints
+    helpers (winpos, errors, windows, cache, utils) < data < posemb < kernels < attention < backbones < checkpoints
     < diagnostics < d2 (with model_zoo) < experiments < bench < cli
 """
 from __future__ import annotations
@@ -19,8 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = (
-    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.outputs", "winpos.output_folders", "winpos.cache",
-                 "winpos.config_names")),
+    ("helpers", ("winpos", "winpos.errors", "winpos.windows", "winpos.cache", "winpos.utils")),
     ("data", ("winpos.data",)),
     ("posemb", ("winpos.posemb",)),
     ("kernels", ("winpos.kernels",)),

@@ -1,11 +1,11 @@
 """The writer walk: every module of the package (``winpos/``, ``kernels/``, ``winpos/experiments/`` once it exists:
-whatever is found at run time) and every tool writes files only through ``winpos.outputs``.
+whatever is found at run time) and every tool writes files only through ``winpos.utils.outputs``.
 
 A write call is ``open(..., "w"/"a"/"x"/"+")``, ``Path.write_text/write_bytes``, ``torch.save``, ``np.save*``,
 ``json.dump``, ``savefig``, any ``.save(...)`` method (PIL, LazyConfig, safetensors' ``save_file``),
 ``shutil.copy*/move/copytree``. It complies when it sits inside the arguments of an ``atomic_write(...)`` call, inside
 a function that the module passes to ``atomic_write``, or on a line marked ``# output-policy: <why>``
-(``winpos.outputs.EXEMPT_MARK``). Anything else fails, naming file:line. Tools that write files must also take
+(``winpos.utils.outputs.EXEMPT_MARK``). Anything else fails, naming file:line. Tools that write files must also take
 ``--force``: an existing output is refused without it.
 """
 import ast
@@ -13,14 +13,14 @@ import re
 from pathlib import Path
 
 
-from winpos.outputs import EXEMPT_MARK
+from winpos.utils.outputs import EXEMPT_MARK
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICY_MODULE = ROOT / "winpos" / "outputs.py"
+POLICY_MODULE = ROOT / "winpos" / "utils" / "outputs.py"
 
 # Writers in modules this change does not own, each still bypassing the policy: (file, number of bypassing calls).
 # The test fails when a listed file complies (remove its entry) or when it gains a bypass, so the list only shrinks.
-PENDING = {}  # every writer goes through winpos.outputs or carries the exempt mark with its reason
+PENDING = {}  # every writer goes through winpos.utils.outputs or carries the exempt mark with its reason
 
 _METHODS = {"write_text", "write_bytes", "savefig", "save", "save_file", "savez", "savez_compressed", "dump"}
 _SHUTIL = {"copy", "copy2", "copyfile", "copytree", "move"}
@@ -64,7 +64,7 @@ def _is_write(call: ast.Call) -> bool:
 
 
 def violations(path: Path) -> list[str]:
-    """``file:line: call`` for each write in ``path`` that bypasses ``winpos.outputs``."""
+    """``file:line: call`` for each write in ``path`` that bypasses ``winpos.utils.outputs``."""
     source = path.read_text()
     lines = source.splitlines()
     tree = ast.parse(source, str(path))
@@ -124,7 +124,7 @@ def test_the_walk_sees_every_module_and_recognises_each_kind_of_write(tmp_path):
 def test_every_writer_goes_through_the_output_policy():
     found = {f.relative_to(ROOT).as_posix(): violations(f) for f in _modules()}
     bypass = [v for rel, vs in found.items() if rel not in PENDING for v in vs]
-    assert not bypass, "writes that bypass winpos.outputs (use atomic_write / check_output_*, or mark the line " \
+    assert not bypass, "writes that bypass winpos.utils.outputs (use atomic_write / check_output_*, or mark the line " \
                        f"'{EXEMPT_MARK} <why>'):\n" + "\n".join(bypass)
     changed = {rel: len(found.get(rel, [])) for rel, n in PENDING.items() if len(found.get(rel, [])) != n}
     assert not changed, f"PENDING is out of date (file: bypasses now): {changed}; " \

@@ -110,7 +110,7 @@ def test_environment_dump_goes_to_the_log_file_only(tmp_path, capsys):
 
 
 QUIET_PROBE = """
-from winpos.errors import quiet_third_party_warnings
+from winpos.utils.cli import quiet_third_party_warnings
 {call}
 import torch
 from detectron2.utils.collect_env import collect_env_info

@@ -42,7 +42,8 @@ from pathlib import Path
 
 import torch
 
-from winpos.errors import ArgumentParser, WinposError, nonnegative_int, positive_int, run_cli
+from winpos.errors import WinposError
+from winpos.utils.cli import ArgumentParser, nonnegative_int, positive_int, run_cli
 
 
 def _device(name: str) -> str:
@@ -64,7 +65,7 @@ def _sizes(text: str):
 
 def _write_json(path, result) -> None:
     from winpos.bench.timing import _finite
-    from winpos.outputs import atomic_write
+    from winpos.utils.outputs import atomic_write
 
     atomic_write(path, lambda f: json.dump(_finite(result), f, indent=2, allow_nan=False), "w")
     print(f"\nwrote {path}")
@@ -198,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_outputs(args) -> None:
     """The output files are checked before any timing: suffix, location, and not replaced without --force."""
-    from winpos.outputs import check_output_file
+    from winpos.utils.outputs import check_output_file
 
     if args.json:
         check_output_file(args.json, force=args.force, flag="--json", suffixes=(".json",))
@@ -209,8 +210,8 @@ def _check_outputs(args) -> None:
 def _kernels_args(rest: list[str]) -> list[str]:
     """The kernel benchmark's arguments, checked before it starts: --reps / --batch >= 1, --budget > 0, and its
     --json under the output policy (--force, taken here, replaces an existing file). Returns them without --force."""
-    from winpos.errors import finite_float
-    from winpos.outputs import check_output_file
+    from winpos.utils.cli import finite_float
+    from winpos.utils.outputs import check_output_file
 
     def positive_seconds(text: str) -> float:
         value = finite_float(text)
@@ -233,7 +234,7 @@ def _kernels_args(rest: list[str]) -> list[str]:
 def _toy_step(argv) -> int:
     """``benchmark.py toy-step --before TREE``: the reproduction's run cost, this checkout against another
     (``winpos.bench.toy_step``)."""
-    from winpos.errors import ArgumentParser
+    from winpos.utils.cli import ArgumentParser
 
     p = ArgumentParser(prog="benchmark.py toy-step", description=_toy_step.__doc__)
     p.add_argument("--before", required=True, help="another winpos checkout (e.g. a git worktree of an older commit)")
@@ -243,7 +244,7 @@ def _toy_step(argv) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing --json file")
     args = p.parse_args(argv)
     if args.json:
-        from winpos.outputs import check_output_file
+        from winpos.utils.outputs import check_output_file
 
         check_output_file(args.json, force=args.force, flag="--json", suffixes=(".json",))
     from winpos.bench import toy_step

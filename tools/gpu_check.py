@@ -19,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # a bare checkout: winpos from the source tree until it is installed
 
-from winpos.errors import ArgumentParser, WinposError, finite_float, run_cli  # noqa: E402
+from winpos.errors import WinposError  # noqa: E402
+from winpos.utils.cli import ArgumentParser, finite_float, run_cli  # noqa: E402
 
 
 def main(argv=None):
@@ -38,7 +39,7 @@ def main(argv=None):
     p.add_argument("--force", action="store_true", help="replace the results of an earlier check in OUT_DIR")
     args = p.parse_args(argv)
     from winpos.bench.gpu_check import STEPS, install_if_needed, run_check
-    from winpos.outputs import check_output_dir
+    from winpos.utils.outputs import check_output_dir
 
     steps = STEPS if args.steps is None else tuple(s.strip() for s in args.steps.split(",") if s.strip())
     unknown = [s for s in steps if s not in STEPS]

@@ -12,7 +12,7 @@ Modules (the public ones first, each with its own ``__all__``; a subpackage ends
     diagnostics/    window similarity, the position-embedding doctor, plots
     data/           the embedded shapes dataset, COCO json validation
     model_zoo       configs by name (``get_config``, ``list_configs``), the demo's checkpoint
-    errors          ``WinposError`` (bad input, one line naming the fix) and the commands' error policy
+    errors          ``WinposError`` (bad input, one line naming the fix) and the validators that raise it
     d2/             the detectron2 layer (needs detectron2): backbones for LazyConfigs, training, evaluation
     kernels/        the fused Triton window-attention and RoPE kernels (the repository's ``kernels/``)
     experiments/    the reproduction of "Window Attention is Bugged" at CPU scale and its studies

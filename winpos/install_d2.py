@@ -35,7 +35,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from winpos.errors import EXIT_FAILED, ArgumentParser, WinposError, run_cli
+from winpos.errors import EXIT_FAILED, WinposError
+from winpos.utils.cli import ArgumentParser, run_cli
 
 PACKAGE = "sal-detectron2"
 VERSION = "0.7.2"

@@ -67,7 +67,7 @@ def test_a_second_evaluation_into_a_folder_being_written_is_refused(setup, tmp_p
     args, opts = setup
     out = tmp_path / "busy"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import time; from winpos.output_folders import claim_output_dir; "
+        [sys.executable, "-c", "import time; from winpos.utils.output_folders import claim_output_dir; "
          f"claim_output_dir({str(out)!r}); print('held', flush=True); time.sleep(120)"],
         stdout=subprocess.PIPE, text=True, env=_env())
     try:
@@ -82,8 +82,8 @@ def test_a_second_evaluation_into_a_folder_being_written_is_refused(setup, tmp_p
 
 def test_force_replaces_exactly_what_the_earlier_evaluation_wrote(tmp_path):
     from winpos.errors import WinposError
-    from winpos.output_folders import claim_output_dir, release_output_dir
-    from winpos.outputs import MANIFEST_NAME, atomic_write_text
+    from winpos.utils.output_folders import claim_output_dir, release_output_dir
+    from winpos.utils.outputs import MANIFEST_NAME, atomic_write_text
 
     out = tmp_path / "sweep"
     claim = claim_output_dir(out, planned=["resolution_sweep.json"])

@@ -124,7 +124,7 @@ def _write_to_a_full_disk(args):
 
 
 def test_a_disk_error_in_a_launched_process_is_one_line():
-    """A full disk in a process under ``launch`` (--num-gpus 2) ends in the one line of ``_error_text`` (it ended
+    """A full disk in a process under ``launch`` (--num-gpus 2) ends in the one line of ``error_line`` (it ended
     in ``NameError: name 'errno' is not defined`` while the module lacked its import)."""
     import argparse
     import errno

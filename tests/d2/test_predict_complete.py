@@ -77,7 +77,7 @@ def test_c09_ctrl_c_during_a_forced_video_keeps_the_earlier_result(detector, ear
 def test_c10_a_video_cut_short_by_the_writer_is_not_published(detector, earlier, monkeypatch):  # noqa: F811
     """OpenCV's writer reports no error on a full disk; the frames read back tell."""
     import winpos.d2.video as video
-    from winpos.outputs import WriteError
+    from winpos.utils.outputs import WriteError
 
     cfg, model, _ = detector
     clip, out, before = earlier

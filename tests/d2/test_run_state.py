@@ -149,7 +149,7 @@ def test_eval_only_with_another_checkpoint_does_not_replace_the_runs_evaluation(
 
 def test_a_run_whose_final_checkpoint_fails_is_not_evaluated(mini, tmp_path, monkeypatch):
     from winpos.d2.checkpoint import WinposCheckpointer
-    from winpos.outputs import WriteError
+    from winpos.utils.outputs import WriteError
 
     save = WinposCheckpointer.save
 

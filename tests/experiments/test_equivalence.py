@@ -286,7 +286,7 @@ def test_report_only_on_fewer_pipelines_or_seeds_is_interim_and_writes_nothing(t
 
 def test_a_second_study_into_a_held_folder_is_refused_at_once(tmp_path, capsys):
     from winpos.cli.reproduce import main
-    from winpos.output_folders import lock_folder
+    from winpos.utils.output_folders import lock_folder
 
     out = tmp_path / "study"
     out.mkdir()

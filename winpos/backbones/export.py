@@ -210,10 +210,10 @@ def _torchscript(model, x) -> bytes:
     return buf.getvalue()
 
 
-def _pt2(model, example, sizes, stride: int) -> list[tuple[bytes, tuple[int, int] | None]]:
-    """A program with dynamic height and width where it stays dynamic, else one per size. Exported with grad mode
-    on: under ``no_grad`` the program holds a grad-mode switch (RoPE builds its tables without gradient) that
-    ``torch.export.load`` then refuses."""
+def _pt2(model, example, sizes, stride: int, max_side: int = 4096) -> list[tuple[bytes, tuple[int, int] | None]]:
+    """A program with dynamic height and width (multiples of ``stride`` up to ``max_side``) where it stays dynamic,
+    else one per size. Exported with grad mode on: under ``no_grad`` the program holds a grad-mode switch (RoPE
+    builds its tables without gradient) that ``torch.export.load`` then refuses."""
     from torch.export import Dim
     from torch.export import export as _export
 
@@ -227,9 +227,10 @@ def _pt2(model, example, sizes, stride: int) -> list[tuple[bytes, tuple[int, int
         return buf.getvalue()
 
     if len(sizes) > 1 and all(h % stride == 0 and w % stride == 0 for h, w in sizes):
-        h, w = Dim("h", min=1, max=4096 // stride), Dim("w", min=1, max=4096 // stride)
+        h, w = Dim("h", min=1, max=max_side // stride), Dim("w", min=1, max=max_side // stride)
         try:
-            program = export(model, (example(sizes[0]),), dynamic_shapes=({2: stride * h, 3: stride * w},))
+            x = example(sizes[0])  # (N, C, H, W) for a backbone, (C, H, W) for a detector
+            program = export(model, (x,), dynamic_shapes=({x.dim() - 2: stride * h, x.dim() - 1: stride * w},))
         except Exception:  # a constraint the model's shape arithmetic violates: one program per size instead
             program = None
         if program is not None and _takes_every_size(program, example, sizes):
@@ -279,16 +280,22 @@ def _max_error(outs, refs) -> float:
 
 
 def export_and_check(model: nn.Module, stem: str, sizes, formats=FORMATS, *, example: Callable, stride: int,
-                     opset: int = ONNX_MIN_OPSET, tolerance: float = TOLERANCE) -> ExportResult:
+                     opset: int = ONNX_MIN_OPSET, tolerance: float = TOLERANCE, exported: dict | None = None,
+                     max_side: int = 4096) -> ExportResult:
     """Export ``model`` in each of ``formats`` at each of ``sizes`` and check every artifact against eager.
 
     Args:
         model: in eval mode; ``model(example(size))`` returns a tensor or a (nested) tuple / list / dict of them.
+            Every artifact is checked against it.
         stem: the files' common name.
         sizes: ``[(H, W), ...]`` input sizes in pixels.
         example: ``size -> input tensor``; called afresh for each check (a new random input).
         stride: what H and W must be multiples of (the dynamic ``.pt2``'s constraint).
+        exported: ``{format: module}`` where a format exports another module computing the same outputs (a
+            detector's ``.pt2`` form); its artifacts are still checked against ``model``.
+        max_side: the largest height or width a dynamic ``.pt2`` program is declared for.
     """
+    exported = exported or {}
     sizes = [tuple(s) for s in sizes]
     for fmt in formats:
         check_choice("export format", fmt, FORMATS)
@@ -300,15 +307,17 @@ def export_and_check(model: nn.Module, stem: str, sizes, formats=FORMATS, *, exa
             model(example(s))  # an input the model refuses (not a multiple of its stride) fails here, in one line
         for fmt in formats:
             if fmt == "pt2":
-                for data, size in _pt2(model, example, sizes, stride):
+                for data, size in _pt2(exported.get(fmt, model), example, sizes, stride, max_side):
                     name = f"{stem}.pt2" if size is None else f"{stem}_{size[0]}x{size[1]}.pt2"
                     result.artifacts.append(Artifact(fmt, name, data, size))
                 dynamic = result.artifacts[-1].size is None
-                result.notes.append("pt2: one program with dynamic height and width" if dynamic else
+                result.notes.append(f"pt2: one program with dynamic height and width (multiples of {stride} up to "
+                                    f"{max_side})" if dynamic else
                                     "pt2: one program per size (the position terms specialize the program to its grid)")
                 continue
             for s in sizes:
-                data = onnx_bytes(model, example(s), opset) if fmt == "onnx" else _torchscript(model, example(s))
+                module = exported.get(fmt, model)
+                data = onnx_bytes(module, example(s), opset) if fmt == "onnx" else _torchscript(module, example(s))
                 result.artifacts.append(Artifact(fmt, f"{stem}_{s[0]}x{s[1]}{SUFFIX[fmt]}", data, s))
         for artifact in result.artifacts:
             for s in sizes if artifact.size is None else [artifact.size]:
@@ -323,8 +332,8 @@ def write_export(out_dir, stem: str, result: ExportResult, meta: dict, force: bo
     complete or absent: nothing is written unless every check is within tolerance."""
     from pathlib import Path
 
-    from winpos.output_folders import staged_outputs
-    from winpos.outputs import atomic_write, atomic_write_json
+    from winpos.utils.output_folders import staged_outputs
+    from winpos.utils.outputs import atomic_write, atomic_write_json
 
     if not result.ok:
         raise WinposError(result.failure())

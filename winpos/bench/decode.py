@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from winpos.errors import ArgumentParser, positive_int, run_cli
+from winpos.utils.cli import ArgumentParser, positive_int, run_cli
 
 __all__ = ["make_sets", "measure", "table", "main"]
 
@@ -113,7 +113,7 @@ def run(argv=None) -> int:
     p.add_argument("--force", action="store_true", help="replace an existing --json")
     args = p.parse_args(argv)
     if args.json:
-        from winpos.outputs import check_output_file
+        from winpos.utils.outputs import check_output_file
 
         check_output_file(args.json, force=args.force, flag="--json", suffixes=(".json",))
     import platform
@@ -127,7 +127,7 @@ def run(argv=None) -> int:
           f"{platform.machine()}, median of {args.rounds} rounds")
     print(table(rows))
     if args.json:
-        from winpos.outputs import atomic_write_json
+        from winpos.utils.outputs import atomic_write_json
 
         atomic_write_json(args.json, {"rows": rows, "rounds": args.rounds, "threads": args.threads})
     return 0

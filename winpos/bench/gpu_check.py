@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..outputs import atomic_write_json, atomic_write_text
+from ..utils.outputs import atomic_write_json, atomic_write_text
 from .blocked_imports import child_command, pytest_plugin_options
 
 KERNEL_TOL = {"bfloat16": 6e-2, "float16": 1e-2, "float32": 1e-4}  # max |out - sdpa| of a kernel benchmark row

@@ -13,7 +13,7 @@ import argparse
 import sys
 import time
 
-from ..outputs import atomic_write_json
+from ..utils.outputs import atomic_write_json
 from .blocked_imports import install_from_env
 
 

@@ -114,7 +114,7 @@ def time_fn(fn, qkv, cuda: bool, reps: int) -> dict:
 
 def write(report: dict, out_path) -> None:
     if out_path:
-        from winpos.outputs import atomic_write
+        from winpos.utils.outputs import atomic_write
 
         atomic_write(out_path, lambda f: json.dump(report, f, indent=1), "w")
 

@@ -8,7 +8,7 @@ import torch
 
 from winpos.bench.timing import interleaved_medians, peak_rss_mib, print_table
 from winpos.errors import WinposError
-from winpos.outputs import atomic_savefig
+from winpos.utils.outputs import atomic_savefig
 
 VARIANTS = {
     "window-only (abswin, no global blocks)": dict(recipe="paper", global_blocks=(), global_pos="none"),

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 from winpos.errors import WinposError
-from winpos.outputs import atomic_write_json
+from winpos.utils.outputs import atomic_write_json
 
 
 def progress(total: int, desc: str):

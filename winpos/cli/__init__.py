@@ -28,5 +28,5 @@ COMMANDS = {
 def require_detectron2() -> None:
     """Import winpos's detectron2 layer now. The commands whose work runs in processes of their own (winpos-demo,
     winpos-reproduce) call it before any folder is made or process started, so that a missing detectron2 is their
-    one ``error:`` line with the install command (``winpos.errors.run_cli``), not a failed run's log."""
+    one ``error:`` line with the install command (``winpos.utils.cli.run_cli``), not a failed run's log."""
     import winpos.d2  # noqa: F401 - imported for the check; an ImportError names what is missing

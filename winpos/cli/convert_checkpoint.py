@@ -24,7 +24,8 @@ import json
 import sys
 from pathlib import Path
 
-from winpos.errors import ArgumentParser, WinposError, positive_int, run_cli
+from winpos.errors import WinposError
+from winpos.utils.cli import ArgumentParser, positive_int, run_cli
 
 SUFFIXES = (".safetensors", ".pth", ".pt")
 POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
@@ -61,7 +62,7 @@ def build_parser():
 
 def run(argv=None):
     args = build_parser().parse_args(argv)
-    from winpos.outputs import check_output_file
+    from winpos.utils.outputs import check_output_file
 
     out = check_output_file(args.output, inputs=[args.input], force=args.force, suffixes=SUFFIXES)
     if not Path(args.input).exists():
@@ -70,7 +71,7 @@ def run(argv=None):
     import torch
 
     from winpos.checkpoints import load_external
-    from winpos.outputs import atomic_write
+    from winpos.utils.outputs import atomic_write
 
     from winpos.diagnostics.extract import native_size_from_config, run_backbone_beside
 

@@ -17,8 +17,8 @@ overrides. Bad input: one "error:" line and exit status 2. The logic is in winpo
 """
 import sys
 
-from winpos.config_names import CONFIG_FILE_HELP
-from winpos.errors import ArgumentParser, int_list, nonnegative_int, quiet_third_party_warnings, run_cli
+from winpos.utils.cli import ArgumentParser, int_list, nonnegative_int, quiet_third_party_warnings, run_cli
+from winpos.utils.config_names import CONFIG_FILE_HELP
 
 
 def build_parser():

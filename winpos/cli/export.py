@@ -8,15 +8,17 @@
     winpos-export detector --config-file CFG (--checkpoint W | --random-weights) [--sizes ...] [--formats ...]
                            --out DIR [key=value ...]
         A LazyConfig by name (shapes/mask_rcnn_vitdet_toy_rope.py) or path, through detectron2's TracingAdapter:
-        input one (3, H, W) image, outputs the instances' fields as a flat tuple (detectron2's export_model).
+        input one (3, H, W) image, outputs the instances' fields as a flat tuple (detectron2's export_model). The
+        .pt2 program computes the same inference in a form torch.export takes (winpos.d2.export_program), with
+        the number of detections dynamic.
 
 After exporting, every file is run in the runtime that loads it (onnxruntime on the CPU, torch.export.load,
 torch.jit.load) on a new random input of each checked size, and the max absolute error against the eager model is
 printed. Above the tolerance (stated; --tolerance) the command writes nothing and exits 1. The attention takes the
 reference path in every export (no Triton kernel in a graph); the output says so. ONNX (opset >= 17) and
 TorchScript graphs hold one input size each (<stem>_<H>x<W>.onnx / .ts); the .pt2 program has dynamic height and
-width where the model allows it (no position term), else one per size; a whole detector exports to ONNX and
-TorchScript only (torch.export stops in detectron2's tracing code). <stem>_export.json records the checks.
+width where the model allows it (a backbone without a position term; a detector that pads every image to one
+square, up to that square), else one per size. <stem>_export.json records the checks.
 
 Bad input (an unknown preset or recipe, a size the model cannot take, onnxruntime missing for --formats onnx, an op
 that cannot be exported): one "error:" line naming the fix, exit status 2, nothing written. Outputs already in
@@ -26,8 +28,8 @@ import argparse
 import re
 import sys
 
-from winpos.config_names import CONFIG_FILE_HELP
-from winpos.errors import ArgumentParser, positive_int, run_cli
+from winpos.utils.cli import ArgumentParser, positive_int, run_cli
+from winpos.utils.config_names import CONFIG_FILE_HELP
 
 FORMAT_NAMES = ("onnx", "pt2", "torchscript")
 
@@ -84,8 +86,7 @@ def build_parser():
                        help="input sizes checked and exported, px (default: 64,96 for a backbone, 64x96 for a "
                             "detector)")
         p.add_argument("--formats", type=format_list, default=None,
-                       help="comma-separated: onnx, pt2, torchscript (default: all three for a backbone; onnx and "
-                            "torchscript for a detector, which torch.export cannot take)")
+                       help="comma-separated: onnx, pt2, torchscript (default: all three)")
         p.add_argument("--opset", type=positive_int, default=17, help="ONNX opset (>= 17; default 17)")
         p.add_argument("--tolerance", type=tolerance, default=None,
                        help="max absolute error against eager (default: 1e-4 for a backbone, 1e-3 for a detector)")
@@ -97,13 +98,9 @@ def build_parser():
 def run(argv=None):
     args = build_parser().parse_args(argv)
     from winpos.backbones.export import check_onnx_setup, planned_names, write_export
-    from winpos.outputs import check_output_dir
+    from winpos.utils.outputs import check_output_dir
 
-    args.formats = args.formats or (list(FORMAT_NAMES) if args.what == "backbone" else ["onnx", "torchscript"])
-    if args.what == "detector":
-        from winpos.d2.export import check_detector_formats
-
-        check_detector_formats(args.formats)
+    args.formats = args.formats or list(FORMAT_NAMES)
     if "onnx" in args.formats:
         check_onnx_setup(args.opset)  # before any work
     if args.what == "backbone":

@@ -30,7 +30,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from winpos.errors import EXIT_USAGE, ArgumentParser, WinposError, int_list, positive_int, run_cli
+from winpos.errors import EXIT_USAGE, WinposError
+from winpos.utils.cli import ArgumentParser, int_list, positive_int, run_cli
 
 
 def build_parser():
@@ -97,7 +98,7 @@ def run(argv=None):
     stems = {target: f"{Path(target).stem}_{report.image_size}px" for target, report, _ in results if report}
     if args.plots:
         from winpos.diagnostics.term_plots import figure_names, plot_terms
-        from winpos.outputs import check_output_dir
+        from winpos.utils.outputs import check_output_dir
 
         planned = [name for target, report, _ in results if report for name in figure_names(report, stems[target])]
         check_output_dir(args.plots, planned=planned, force=args.force, flag="--plots")

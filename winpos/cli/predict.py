@@ -23,9 +23,10 @@ input. The logic is in winpos.d2.predict.
 """
 import sys
 
-from winpos.config_names import CONFIG_FILE_HELP
-from winpos.errors import (EXIT_FAILED, ArgumentParser, WinposError, finite_float, late_flags, nonnegative_int,
-                           positive_int, quiet_third_party_warnings, run_cli)
+from winpos.errors import EXIT_FAILED, WinposError
+from winpos.utils.cli import (ArgumentParser, finite_float, late_flags, nonnegative_int, positive_int,
+                              quiet_third_party_warnings, run_cli)
+from winpos.utils.config_names import CONFIG_FILE_HELP
 
 VIDEO_EXTS = (".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg")
 
@@ -94,7 +95,7 @@ def run(argv=None):
         plan_outputs(images, args.output, force=args.force)  # the output folder is checked before any work
     else:
         from winpos.d2.video import open_source, video_name
-        from winpos.outputs import check_output_dir
+        from winpos.utils.outputs import check_output_dir
 
         source = args.webcam if args.webcam is not None else args.video_input
         check_output_dir(args.output, [] if args.webcam is not None else [source],

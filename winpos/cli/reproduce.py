@@ -33,7 +33,7 @@ spread over sessions that do not keep <output>.
 import sys
 from pathlib import Path
 
-from winpos.errors import ArgumentParser, finite_float, number_list, positive_int, run_cli, seed_list
+from winpos.utils.cli import ArgumentParser, finite_float, number_list, positive_int, run_cli, seed_list
 
 CONFIG = "shapes/reproduce_hieradet.py"  # a winpos.model_zoo name
 ROW_NAMES = "naive, abs2win, control, recursive, rope, lookhere, relpos, planted, planted2win"
@@ -68,7 +68,7 @@ def _vitdet(proto, args, log) -> int:
     from winpos.experiments import runs as R
     from winpos.experiments import vitdet as V
     from winpos.experiments.reproduce import claim_folder
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     out = Path(args.output) / "vitdet"
     config_dir = str(Path(args.config).parent)
@@ -106,7 +106,7 @@ def _vitdet(proto, args, log) -> int:
 
 def _hold(out: Path) -> int:
     """Hold the study's folder for this process: a second study into it is refused at once, naming the first."""
-    from winpos.output_folders import lock_folder
+    from winpos.utils.output_folders import lock_folder
 
     out.mkdir(parents=True, exist_ok=True)
     return lock_folder(out, f"{out} is held by another study ({{holder}}); wait for it to end, or pass another "
@@ -131,7 +131,7 @@ def _equivalence(args, log) -> int:
     from winpos.experiments import footing as F
     from winpos.experiments.footing_analysis import analyze_equivalence
     from winpos.experiments.equivalence_report import format_equivalence, plot_equivalence
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     out = Path(args.output if args.output != "output/reproduce" else "output/equivalence")
     study = F.equivalence_study(F.Footing(config=args.config, output_dir=str(out), workers=args.workers,
@@ -164,7 +164,7 @@ def _footing(args, log) -> int:
     from winpos.experiments import footing as F
     from winpos.experiments.footing_analysis import interim_reason
     from winpos.experiments.footing_report import format_footing, plot_finetuned, plot_footing, plot_replication
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     out = Path(args.output if args.output != "output/reproduce" else "output/equal_footing")
     kw = dict(config=args.config, output_dir=str(out), workers=args.workers, threads=args.threads,
@@ -309,7 +309,7 @@ def run(argv=None):
     export = None
     if args.export_stage1:
         from winpos.experiments.protocol import ENCODINGS
-        from winpos.outputs import check_output_file
+        from winpos.utils.outputs import check_output_file
 
         enc, sep, path = args.export_stage1.partition(":")
         if not sep or not path or enc not in ENCODINGS:
@@ -359,7 +359,7 @@ def run(argv=None):
         main, variants = R.finished(specs[0]), {v: R.finished(s) for v, s in zip(STAGE0_VARIANTS, specs[1:])}
         print(format_stage0_variants(main, variants))
         if args.stage0_variants and main and all(variants.values()):
-            from winpos.outputs import atomic_write_json
+            from winpos.utils.outputs import atomic_write_json
 
             keep = ("spec", "history", "reliance", "seconds", "started_utc")
             path = Path(proto.output_dir) / "stage0_variants.json"
@@ -385,7 +385,7 @@ def run(argv=None):
     print("\npaired comparisons (treatment - baseline):")
     print(format_pairs(summary))
     # the report of what has finished (with --report-only too: it runs nothing, and the folder is this protocol's)
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     for c in proto.conditions:
         plot_curve(summary, str(Path(args.output) / f"curve_{c}.png"), c)

@@ -15,7 +15,7 @@ A re-run with the same settings reuses finished runs; other settings in the same
 import sys
 from pathlib import Path
 
-from winpos.errors import ArgumentParser, finite_float, positive_int, run_cli, seed_list
+from winpos.utils.cli import ArgumentParser, finite_float, positive_int, run_cli, seed_list
 
 CONFIG = "shapes/reproduce_hieradet.py"  # a winpos.model_zoo name
 

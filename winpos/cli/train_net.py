@@ -31,8 +31,9 @@ environment (winpos.d2.launch).
 import argparse
 import sys
 
-from winpos.config_names import CONFIG_FILE_HELP
-from winpos.errors import ArgumentParser, late_flags, nonnegative_int, positive_int, quiet_third_party_warnings, run_cli
+from winpos.utils.cli import (ArgumentParser, late_flags, nonnegative_int, positive_int, quiet_third_party_warnings,
+                              run_cli)
+from winpos.utils.config_names import CONFIG_FILE_HELP
 
 
 def build_parser():

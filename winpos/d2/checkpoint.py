@@ -2,7 +2,7 @@
 from any format winpos can import.
 
 - ``WinposCheckpointer`` (a ``DetectionCheckpointer``) writes ``model_XXXXXXX.pth`` and then ``last_checkpoint``
-  through ``winpos.outputs.atomic_write``, so ``last_checkpoint`` only ever names complete files and an
+  through ``winpos.utils.outputs.atomic_write``, so ``last_checkpoint`` only ever names complete files and an
   interrupted save leaves no partial file (temp files of a killed process, possible only on systems without
   ``O_TMPFILE``, are removed when the next checkpointer opens the folder). Every file is read with
   ``winpos.checkpoints.io.load_checkpoint_object`` (``torch.load(weights_only=True)``, safetensors, or a
@@ -31,7 +31,7 @@ from detectron2.utils import comm
 from winpos.backbones import HieraDet, ViTDet
 from winpos.checkpoints.io import check_finite_state_dict, load_checkpoint_object, unwrap_state_dict
 from winpos.errors import MissingInputError, WinposError
-from winpos.outputs import atomic_write, remove_stale_temps
+from winpos.utils.outputs import atomic_write, remove_stale_temps
 
 __all__ = ["WinposCheckpointer", "RNGState", "CaptureRNG", "load_init_checkpoint", "split_checkpoint_url"]
 

@@ -155,7 +155,7 @@ def load_config(path, overrides=()) -> DictConfig:
     ``winpos.model_zoo.config_path``). A ``.py`` file is Python and runs (detectron2's LazyConfig convention:
     pass only ``.py`` configs you trust); a ``config.yaml`` is read as data (``winpos.d2.safe_config``: no YAML
     tag builds an object, every ``_target_`` must name a trusted module's class or function)."""
-    from winpos.config_names import config_path
+    from winpos.utils.config_names import config_path
 
     path = os.fspath(path)
     if not os.path.isfile(path) and path.endswith(".py"):

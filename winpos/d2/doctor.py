@@ -25,7 +25,7 @@ def diagnose(target: str, image_size: int | None = None, recipe: str | None = No
         return diagnose_preset(target, image_size, recipe or "original", overrides, trained_size, checkpoint)
     given = target  # the fix names the config as the user wrote it
     if not os.path.isfile(target) and target.endswith(".py"):
-        from winpos.config_names import config_path
+        from winpos.utils.config_names import config_path
 
         try:
             target = config_path(target)  # a config shipped with winpos, by name

@@ -47,8 +47,8 @@ from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_ear
 from winpos.d2.startup import check_schedule, plan_of, start_up_block
 from winpos.d2.train_loop import WinposTrainer
 from winpos.errors import WinposError
-from winpos.output_folders import claim_output_dir, finish_output_dir, refuse_links
-from winpos.outputs import atomic_write
+from winpos.utils.output_folders import claim_output_dir, finish_output_dir, refuse_links
+from winpos.utils.outputs import atomic_write
 
 __all__ = ["build_parser", "setup", "check_weights", "save_config",
            "resolve_device", "build_model", "build_train_loader", "do_test", "do_train",

@@ -6,8 +6,9 @@ Every result file is written atomically, detectron2's own included: ``StagedCOCO
 ``COCOEvaluator`` write ``instances_predictions.pth`` and ``coco_instances_results.json`` into a private staging
 folder and renames them into place only when both are complete, so a full disk or a kill leaves the previous files
 as they were (a failed write is one ``WriteError`` line naming the folder). ``evaluate_checkpoint`` claims its
-output folder before any work (``winpos.output_folders.claim_output_dir``: locked while it writes; earlier results are
-replaced only with ``force``, which first removes what the earlier evaluation wrote there, as its manifest lists)."""
+output folder before any work (``winpos.utils.output_folders.claim_output_dir``: locked while it writes; earlier
+results are replaced only with ``force``, which first removes what the earlier evaluation wrote there, as its
+manifest lists)."""
 from __future__ import annotations
 
 import copy
@@ -27,8 +28,8 @@ from omegaconf import OmegaConf
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_dataset_content, check_num_classes
 from winpos.errors import WinposError
-from winpos.output_folders import STAGING_PREFIX, claim_output_dir, publish_folder, refuse_links
-from winpos.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, refuse_linked_folders
+from winpos.utils.output_folders import STAGING_PREFIX, claim_output_dir, publish_folder, refuse_links
+from winpos.utils.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, refuse_linked_folders
 
 __all__ = ["build_coco_evaluator", "StagedCOCOEvaluator", "set_test_size",
            "evaluate", "evaluate_checkpoint", "resolution_sweep", "plot_sweep",
@@ -51,7 +52,7 @@ class StagedCOCOEvaluator(COCOEvaluator):
 
     ``evaluate`` points detectron2's writer at a staging folder inside ``output_dir`` (same file system) and moves
     each file into place with ``os.replace`` once every one is written. A write that fails leaves the previous
-    files untouched, removes the staging folder and raises ``winpos.outputs.WriteError`` saying so.
+    files untouched, removes the staging folder and raises ``winpos.utils.outputs.WriteError`` saying so.
     """
 
     def evaluate(self, img_ids=None):

@@ -21,7 +21,7 @@ import time
 from detectron2.engine import hooks
 from detectron2.utils.events import CommonMetricPrinter, JSONWriter, TensorboardXWriter
 
-from winpos.outputs import atomic_write
+from winpos.utils.outputs import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def log_detectron2_to_file(path: str) -> None:
     """detectron2's log of this process into ``path`` only (nothing on the console)."""
     from detectron2.utils.logger import setup_logger
 
-    from winpos.output_folders import refuse_links
+    from winpos.utils.output_folders import refuse_links
 
     refuse_links(os.path.dirname(path) or ".", [os.path.basename(path)])  # it appends: never through a link
     setup_logger(output=path, name="detectron2", abbrev_name="d2", configure_stdout=False)

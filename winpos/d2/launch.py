@@ -21,34 +21,23 @@ a SLURM job submitted through submitit that requeues and resumes itself.
 """
 from __future__ import annotations
 
-import errno
 import os
 import re
 import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from winpos.errors import (EXIT_FAILED, EXIT_USAGE, ProcessFailed, WinposError, _one_line,
-                           quiet_third_party_warnings)
-from winpos.outputs import atomic_write_json
+from winpos.errors import EXIT_FAILED, EXIT_USAGE, ProcessFailed, WinposError
+from winpos.utils.cli import USAGE_ERRORS, error_line, one_line, quiet_third_party_warnings
+from winpos.utils.outputs import atomic_write_json
 
 __all__ = ["NOTES_ENV", "run_reporting", "launched_failure", "Placement", "placement_from_env", "first_host",
            "launch_main"]
 
 NOTES_ENV = "WINPOS_PROCESS_NOTES"  # the folder where each launched process leaves its note (set by the parent)
-_USAGE_ERRORS = (WinposError, FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
 
 
 # ------------------------------------------------------------------------------------- errors of launched processes
-
-
-def _error_text(e: BaseException) -> str:
-    text = str(e) if not isinstance(e, OSError) or e.filename is None or str(e.filename) in str(e) \
-        else f"{e.strerror or e}: {e.filename}"
-    full = (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", -1))
-    if isinstance(e, OSError) and e.errno in full and "free" not in text:
-        text += "; free disk space (or raise the file size limit, ulimit -f) and run again"
-    return _one_line(text)
 
 
 def run_reporting(main: Callable, *args):
@@ -63,11 +52,11 @@ def run_reporting(main: Callable, *args):
     except BaseException as e:  # noqa: BLE001 - every error ends as a note and a status
         import traceback
 
-        bug = not isinstance(e, (OSError,) + _USAGE_ERRORS)
-        status = EXIT_USAGE if isinstance(e, _USAGE_ERRORS) else EXIT_FAILED
+        bug = not isinstance(e, (OSError,) + USAGE_ERRORS)
+        status = EXIT_USAGE if isinstance(e, USAGE_ERRORS) else EXIT_FAILED
         rank = _rank()
-        note = {"rank": rank, "status": status, "line": _error_text(e) if not bug else
-                f"{type(e).__name__}: {_one_line(e)}", "bug": bug,
+        note = {"rank": rank, "status": status, "line": error_line(e) if not bug else
+                f"{type(e).__name__}: {one_line(e)}", "bug": bug,
                 "traceback": "".join(traceback.format_exception(e)) if bug else ""}
         folder = os.environ.get(NOTES_ENV)
         if folder and os.path.isdir(folder):

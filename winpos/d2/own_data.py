@@ -138,7 +138,7 @@ def record_datasets(cfg, output_dir, resume: bool = False) -> dict:
     import os
     from pathlib import Path
 
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     now = {}
     for _, name in config_datasets(cfg):

@@ -3,14 +3,14 @@ yacs configs, which detectron2 does not offer for LazyConfig). Drawings are made
 with detectron2's ``Visualizer`` (``draw_with_visualizer``, ``drawer="detectron2"``). Videos and cameras:
 ``winpos.d2.video``.
 
-Outputs follow winpos's output policy (``winpos.outputs``): ``plan_outputs`` checks the output folder before any
+Outputs follow winpos's output policy (``winpos.utils.outputs``): ``plan_outputs`` checks the output folder before any
 work (not the folder of an input image, no existing output file unless ``force``, writable) and gives every input
 its own drawing name (``a/x.png`` and ``b/x.png`` get ``x.png`` and ``x-2.png``). The outputs are complete or
-absent (``winpos.output_folders.staged_outputs``): the drawings and ``predictions.json`` are written into a staging
-folder and moved into place when every image is done, so a run stopped half way (Ctrl-C, a full disk) leaves the
-earlier outputs as they were; with ``force`` the earlier drawings the new ``predictions.json`` does not list are
-removed. An image that cannot be read is skipped, counted and recorded with its error in ``predictions.json``; the
-other images are still predicted."""
+absent (``winpos.utils.output_folders.staged_outputs``): the drawings and ``predictions.json`` are written into a
+staging folder and moved into place when every image is done, so a run stopped half way (Ctrl-C, a full disk)
+leaves the earlier outputs as they were; with ``force`` the earlier drawings the new ``predictions.json`` does not
+list are removed. An image that cannot be read is skipped, counted and recorded with its error in
+``predictions.json``; the other images are still predicted."""
 from __future__ import annotations
 
 import json
@@ -27,8 +27,8 @@ from PIL import Image, ImageDraw
 from winpos.d2.own_data import config_class_names, config_datasets
 from winpos.data.images import read_image  # 16-bit, palette, alpha with their real range (not detectron2's)
 from winpos.errors import MissingInputError, WinposError
-from winpos.output_folders import staged_outputs
-from winpos.outputs import atomic_write, check_output_dir
+from winpos.utils.output_folders import staged_outputs
+from winpos.utils.outputs import atomic_write, check_output_dir
 
 __all__ = ["IMAGE_EXTS", "DRAWERS", "list_images", "drawing_names", "plan_outputs", "Predictor", "draw_instances",
            "draw_with_visualizer", "draw", "predict_images", "class_names", "mask_rle", "instances_record"]

@@ -9,7 +9,7 @@
 - a folder that holds another run (``last_checkpoint``, ``model_*.pth``, ``metrics.json`` or ``config.yaml``) is
   refused unless ``resume`` (continue it) or ``force`` (replace it: the earlier run's files are removed first, so
   no old checkpoint, metrics line, log, TensorBoard event or evaluation is left beside the new run; only files
-  a run writes: its known names and those listed in the folder's manifest, ``winpos.outputs``).
+  a run writes: its known names and those listed in the folder's manifest, ``winpos.utils.outputs``).
 
 ``lock_run_dir`` takes only the lock, for an evaluation (``--eval-only``) that writes beside a run.
 
@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 
 from winpos.errors import WinposError
-from winpos.output_folders import adopt_output_dir, clear_outputs, lock_folder, release_output_dir
-from winpos.outputs import LOCK_NAME, atomic_write, atomic_write_json
+from winpos.utils.output_folders import adopt_output_dir, clear_outputs, lock_folder, release_output_dir
+from winpos.utils.outputs import LOCK_NAME, atomic_write, atomic_write_json
 
 __all__ = ["claim_run_dir", "run_files", "LOCK_NAME", "release_run_dir", "lock_run_dir", "EVAL_FILES", "FINAL_RESULTS"]
 
@@ -206,7 +206,7 @@ def keep_earlier_config(output_dir, start_iter: int) -> str:
 
 
 def _sha256_file(path) -> str:
-    from winpos.outputs import sha256_file
+    from winpos.utils.outputs import sha256_file
 
     return sha256_file(path)
 

@@ -15,7 +15,8 @@ import re
 import sys
 
 from winpos.d2.launch import Placement, _job_port, launch_main
-from winpos.errors import WinposError, quiet_third_party_warnings
+from winpos.errors import WinposError
+from winpos.utils.cli import quiet_third_party_warnings
 
 __all__ = ["TrainJob", "submit", "parse_slurm_time", "require_sbatch"]
 

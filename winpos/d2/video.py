@@ -4,10 +4,10 @@
 Writes ``output_dir/<stem>.mp4`` (``webcam<N>.mp4`` for a camera; MPEG-4 at the source's frame rate, 30 fps for a
 camera that does not say) with every frame's instances drawn, and ``output_dir/predictions.json``: one record per
 frame, ``{"frame", "boxes", "scores", "classes", "class_names", "masks"}`` as ``winpos.d2.predict`` writes for an
-image. The folder is checked before any work (``winpos.outputs.check_output_dir``) and claimed while the video is
+image. The folder is checked before any work (``winpos.utils.outputs.check_output_dir``) and claimed while the video is
 made. Both files are complete or absent: written into a staging folder inside ``output_dir``, the video read back
 with OpenCV (its writer reports no errors: a full disk or a file size limit shows as missing frames), then moved
-into place (``winpos.output_folders.staged_outputs``). Any failure, Ctrl-C included, leaves the earlier video and
+into place (``winpos.utils.output_folders.staged_outputs``). Any failure, Ctrl-C included, leaves the earlier video and
 JSON as they were. A camera runs until ``max_frames`` or Ctrl-C (the frames so far are kept and published).
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ import numpy as np
 
 from winpos.d2.predict import Predictor, check_drawer, class_names, draw, instances_record
 from winpos.errors import MissingInputError, WinposError
-from winpos.output_folders import staged_outputs
-from winpos.outputs import WriteError, atomic_write, check_output_dir
+from winpos.utils.output_folders import staged_outputs
+from winpos.utils.outputs import WriteError, atomic_write, check_output_dir
 
 __all__ = ["open_source", "video_name", "predict_video", "count_frames", "check_frames"]
 

@@ -392,7 +392,7 @@ def validate_coco_json(json_path, image_root, on_error: str = "raise", check_ima
 
 def _write_stamp(stamp: Path) -> None:
     """Leave ``stamp`` (``_decode_stamp``); a cache that cannot be written means decoding again next time."""
-    from winpos.outputs import atomic_write_text
+    from winpos.utils.outputs import atomic_write_text
 
     try:
         stamp.parent.mkdir(parents=True, exist_ok=True)
@@ -408,7 +408,7 @@ def cleaned_json_file(report: ValidationReport, name: str, json_path, cache_dir=
     ``<cache_dir>/cleaned/<name>-<hash>.json``, ``cache_dir`` defaulting to $WINPOS_DATA or ~/.cache/winpos.
     ``winpos.d2.data.register_coco`` registers a dataset from it.
     """
-    from winpos.outputs import atomic_write
+    from winpos.utils.outputs import atomic_write
 
     if not report.changed:
         return Path(json_path)

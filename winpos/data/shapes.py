@@ -308,7 +308,7 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
                           "drawn for), or None for the image's own")
     if not 0 <= min_objects <= max_objects or max_objects < 1:
         raise WinposError(f"need 0 <= min_objects <= max_objects and max_objects >= 1, got {min_objects}, {max_objects}")
-    from winpos.outputs import atomic_write_text, check_output_file
+    from winpos.utils.outputs import atomic_write_text, check_output_file
 
     root = Path(root)
     json_path = root / "annotations" / f"instances_{split}.json"
@@ -348,7 +348,7 @@ def cache_root() -> Path:
 def one_class_json(json_path: str | Path) -> Path:
     """The one-class view of a shapes json (every object in class 1, "shape"), written once next to it
     (``<stem>_one_class.json``, atomically); returns its path. Detection without shape classification."""
-    from winpos.outputs import atomic_write
+    from winpos.utils.outputs import atomic_write
 
     json_path = Path(json_path)
     one = json_path.with_name(json_path.stem + "_one_class.json")

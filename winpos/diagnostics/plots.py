@@ -19,10 +19,10 @@ import torch
 from matplotlib.figure import Figure
 
 from winpos.diagnostics.extract import EmbeddingInfo
-from winpos.outputs import atomic_savefig
 from winpos.diagnostics.metrics import (SCAN_MAX_SIDE, PeriodScan, naive_resize, offset_similarity_map, period_scan,
                                         scan_peak, window_similarity, window_similarity_matrix, window_tiles)
 from winpos.errors import WinposError
+from winpos.utils.outputs import atomic_savefig
 
 __all__ = ["plot_embedding_grids", "plot_period_scan", "plot_window_similarity", "plot_all", "states_at",
            "prepare_report_dir"]
@@ -37,7 +37,7 @@ def prepare_report_dir(out_dir, inputs=(), force: bool = False, flag: str = "--o
     removed, so the folder never holds figures that its report does not list. Returns the folder."""
     import json
 
-    from winpos.outputs import check_output_dir
+    from winpos.utils.outputs import check_output_dir
 
     out = Path(out_dir)
     earlier = sorted(p.name for p in out.glob("*") if p.suffix.lower() in (".png", ".pdf")) if out.is_dir() else []

@@ -20,7 +20,7 @@ from winpos.diagnostics.extract import EmbeddingInfo, effective_embeddings
 from winpos.diagnostics.metrics import (SCAN_MAX_SIDE, as_grid, naive_resize, period_scan, periodic_energy_ratio,
                                         window_similarity)
 from winpos.errors import WinposError, as_hw
-from winpos.outputs import atomic_write
+from winpos.utils.outputs import atomic_write
 
 __all__ = ["measure_grid", "target_entry", "analyze", "verdict", "default_targets", "run_posemb_viz"]
 

@@ -128,7 +128,7 @@ def keep(spec: dict, archive_dir) -> str:
             raise NotReproduced(f"run {spec['name']} made again differs from its archived entry in "
                                 f"{len(changed)} field(s), first {changed[0]}; the entry ({path}) is kept")
         return "reproduced"
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"name": spec["name"], "identity": ident, "result": result})

@@ -15,7 +15,7 @@ CONVERSIONS = ("abswin", "control", "recursive")
 
 
 def sha256(path) -> str:
-    from winpos.outputs import sha256_file
+    from winpos.utils.outputs import sha256_file
 
     return sha256_file(path)
 
@@ -35,7 +35,7 @@ def _load_model(src: str) -> dict:
 def _save_model(sd: dict, dst: str) -> None:
     import torch
 
-    from winpos.outputs import atomic_write
+    from winpos.utils.outputs import atomic_write
 
     Path(dst).parent.mkdir(parents=True, exist_ok=True)
     atomic_write(dst, lambda f: torch.save({"model": sd}, f), "wb")
@@ -168,7 +168,7 @@ def export_stage1(src: str, dst: str, manifest: dict, force: bool = False) -> di
     ``force``."""
     import torch
 
-    from winpos.outputs import atomic_write, check_output_file
+    from winpos.utils.outputs import atomic_write, check_output_file
 
     man_path = str(Path(dst).with_suffix(".json"))
     for path in (dst, man_path):

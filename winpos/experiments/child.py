@@ -38,7 +38,7 @@ def run_stage0(spec: dict) -> dict:
     from winpos.d2.engine import build_model
     from winpos.experiments.pretrain import PretrainSpec, pretrain
     from winpos.experiments.protocol import PRETRAIN_SHAPES, PRETRAIN_SIZE, build_cfg
-    from winpos.outputs import atomic_write
+    from winpos.utils.outputs import atomic_write
 
     detect = dict(spec, encoding=spec.get("encoding", "abs_learned"), size=PRETRAIN_SIZE, shapes=dict(PRETRAIN_SHAPES), lr=1e-3,
                   iters=0, init="")
@@ -190,8 +190,8 @@ def code_version() -> str:
 def main(spec: dict) -> None:
     import torch
 
-    from winpos.errors import quiet_third_party_warnings
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.cli import quiet_third_party_warnings
+    from winpos.utils.outputs import atomic_write_json
 
     quiet_third_party_warnings()
     torch.set_num_threads(int(spec.get("threads", 1)))  # fixed for the whole run

@@ -67,7 +67,7 @@ def run_demo(config: str, checkpoint: str, manifest: str, output_dir="output/dem
     from winpos.experiments.checkpoints import convert, window_structure
     from winpos.experiments.report import summarize
     from winpos.experiments.reproduce import claim_folder
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     p = Protocol(config=config, output_dir=str(output_dir), rows=DEMO_ROWS, multipliers=(multiplier,),
                  conditions=(condition,), seeds=tuple(seeds), finetune_iters=iters, finetune_lr=float(lr),
@@ -114,7 +114,7 @@ def plot_demo(summary: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from winpos.outputs import atomic_savefig
+    from winpos.utils.outputs import atomic_savefig
 
     proto = summary["protocol"]
     c, k = proto["condition"], label(proto["multiplier"])

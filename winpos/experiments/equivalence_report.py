@@ -78,7 +78,7 @@ def plot_equivalence(result: dict, path: str) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from winpos.outputs import atomic_savefig
+    from winpos.utils.outputs import atomic_savefig
 
     m = result["margin"]
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.8), gridspec_kw={"width_ratios": [1.6, 1]})

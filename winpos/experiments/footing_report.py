@@ -139,7 +139,7 @@ def plot_footing(result: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from winpos.outputs import atomic_savefig
+    from winpos.utils.outputs import atomic_savefig
 
     data = result["data"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.6), gridspec_kw={"width_ratios": [1, 1.3, 1.3]})
@@ -222,7 +222,7 @@ def plot_finetuned(result: dict, path: str) -> bool:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from winpos.outputs import atomic_savefig
+    from winpos.utils.outputs import atomic_savefig
 
     s = result["study"]
     seeds = [str(x) for x in s["finetune_seeds"]]
@@ -304,7 +304,7 @@ def plot_replication(result: dict, path: str) -> bool:
     import matplotlib.pyplot as plt
 
     from winpos.experiments.stats import mean_interval
-    from winpos.outputs import atomic_savefig
+    from winpos.utils.outputs import atomic_savefig
 
     first_pipes = result["study"]["pipelines"]
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.6), sharey=True)

@@ -170,7 +170,7 @@ def make_images(spec: PretrainSpec, cache: str | None = None) -> torch.Tensor:
     arr = np.stack([_random_scene(rng, spec.image_size, spec.image_size, int(rng.integers(1, 7)))[0]
                     for _ in range(spec.images)])
     if cache:
-        from winpos.outputs import atomic_write
+        from winpos.utils.outputs import atomic_write
 
         atomic_write(cache, lambda f: np.save(f, arr), "wb")
     return torch.from_numpy(arr)

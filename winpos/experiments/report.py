@@ -173,7 +173,7 @@ def plot_curve(summary: dict, path: str, condition: str = "canvas") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from winpos.outputs import atomic_savefig
+    from winpos.utils.outputs import atomic_savefig
 
     fig, axes = plt.subplots(1, 2, figsize=(11.5, 4.8))
     handles = {}

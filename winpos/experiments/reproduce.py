@@ -24,7 +24,7 @@ DEFINING = ("config", "stage0_iters", "stage0_mask_ratio", "pretrain_iters", "fi
 
 def claim_folder(p: Protocol) -> Path:
     """Create or accept ``p.output_dir`` for this protocol (see the module docstring)."""
-    from winpos.outputs import atomic_write_json, check_output_dir
+    from winpos.utils.outputs import atomic_write_json, check_output_dir
 
     out = Path(p.output_dir)
     if out.exists() and not out.is_dir():
@@ -116,7 +116,7 @@ def run_protocol(p: Protocol, log=print, report_only: bool = False, after_stage1
         R.run_pool(fine, p.workers, log)
     summary = _summary(p, log, strict=True)
     summary["minutes"] = (time.time() - t0) / 60
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     atomic_write_json(out / "results.json", summary)
     return summary

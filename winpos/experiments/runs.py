@@ -142,7 +142,7 @@ def claim(spec: dict) -> dict:
     if out.is_dir() and any(out.iterdir()):
         raise WinposError(f"{out} holds files of a run with no {IDENTITY} (made by an older winpos or another "
                           f"tool); pass another --output, or delete {out}")
-    from winpos.outputs import atomic_write_json
+    from winpos.utils.outputs import atomic_write_json
 
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, ident)

@@ -24,7 +24,7 @@ be one of the inputs (or, for a folder, hold them), an existing output is refuse
 location must be writable.
 
 Claimed output folders (a lock while a tool writes, a manifest of what it wrote) are in
-``winpos.output_folders``; every ``atomic_write`` inside a claimed folder is listed in its manifest (``_record``).
+``winpos.utils.output_folders``; every ``atomic_write`` inside a claimed folder is listed in its manifest (``_record``).
 """
 from __future__ import annotations
 
@@ -280,7 +280,7 @@ def check_output_dir(path, input_files: Iterable = (), planned: Iterable[str] = 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the registry of claimed folders (filled by winpos.output_folders), which every atomic write records into
+# the registry of claimed folders (filled by winpos.utils.output_folders), which every atomic write records into
 
 _claimed: dict = {}  # resolved folder -> the OutputFolder this process holds
 

@@ -1,7 +1,8 @@
-"""Output folders a tool claims while it writes (``winpos.outputs`` holds the atomic writes and the output checks).
+"""Output folders a tool claims while it writes (``winpos.utils.outputs`` holds the atomic writes and the output
+checks).
 
-``claim_output_dir`` applies ``winpos.outputs.check_output_dir`` to a folder a tool fills, and holds it while the
-tool writes:
+``claim_output_dir`` applies ``winpos.utils.outputs.check_output_dir`` to a folder a tool fills, and holds it while
+the tool writes:
 
 - it takes the folder's lock (``.winpos-run.lock``, an exclusive ``flock`` the system releases when the process
   ends), so a second process into the same folder is refused in one line naming the first, instead of both
@@ -12,7 +13,7 @@ tool writes:
   removed by ``OutputFolder.finish`` when its outputs are complete (an earlier sweep's ``size_96/`` goes, a file
   of the user's stays, and a run that fails half way leaves the earlier files where they were);
 - nothing goes through a symbolic link inside the folder: the lock is opened with ``O_NOFOLLOW``, a write below a
-  linked sub-folder is refused (``winpos.outputs.refuse_linked_folders``), the files detectron2 appends to itself
+  linked sub-folder is refused (``winpos.utils.outputs.refuse_linked_folders``), the files detectron2 appends to itself
   are checked first (``refuse_links``), and removal takes only regular files, never one behind a linked folder.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Iterable
 
 from winpos.errors import WinposError
-from winpos.outputs import (LOCK_NAME, MANIFEST_NAME, _claimed, _fsync_dir, _record, atomic_write_json,
+from winpos.utils.outputs import (LOCK_NAME, MANIFEST_NAME, _claimed, _fsync_dir, _record, atomic_write_json,
                             check_output_dir, link_refusal, refuse_linked_folders)
 
 __all__ = ["lock_folder", "OutputFolder", "claim_output_dir", "adopt_output_dir", "finish_output_dir",

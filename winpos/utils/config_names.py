@@ -17,7 +17,7 @@ CONFIG_FILE_HELP = ("a config name (shapes/mask_rcnn_hieradet_toy_abswin.py), a 
 """The ``--config-file`` help of ``winpos-train``, ``winpos-eval`` and ``winpos-predict``."""
 
 DEMO_CHECKPOINT = "stage1_hieradet_abs_learned_64px.pth"
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # winpos/ (this module is winpos/utils/config_names.py)
 
 
 def _first_dir(*candidates: Path) -> Path | None:
