@@ -3,7 +3,7 @@
 ``import winpos`` is cheap (no torch, no detectron2): it gives ``__version__``, the one source of the package's
 version (pyproject.toml reads it).
 
-Modules (the public ones first, each with its own ``__all__``; a subpackage ends in /):
+Modules (the public ones, listed in ``__all__`` below, first; a subpackage ends in /):
 
     backbones/      ViTDet and HieraDet as plain ``nn.Module``s: ``create(preset, recipe=...)``, presets
     posemb/         the position encodings (abs, abs-win, RoPE, relpos, LookHere)
