@@ -55,9 +55,24 @@ def test_onnxruntime_missing_is_refused_before_any_work(tmp_path, capsys, monkey
     assert len(err.splitlines()) == 1 and not out.exists()
 
 
-def test_a_detector_cannot_go_to_pt2_and_is_told_so_before_any_work(tmp_path, capsys):
+def test_a_detector_goes_to_one_dynamic_pt2_program_up_to_its_square_padding(tmp_path, capsys):
+    """The shapes detectors pad every image to a 256 px square, so one program takes every checked size."""
+    import json
+
     out = tmp_path / "out"
     assert main(["detector", "--config-file", "shapes/mask_rcnn_vitdet_toy_rope.py", "--random-weights",
-                 "--formats", "pt2", "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert "cannot be exported to .pt2" in err and "--formats onnx,torchscript" in err and not out.exists()
+                 "--formats", "pt2", "--sizes", "64x96,128x64", "--out", str(out)]) == 0
+    assert "one program with dynamic height and width (multiples of 32 up to 256)" in capsys.readouterr().out
+    record = json.loads((out / "mask_rcnn_vitdet_toy_rope_export.json").read_text())
+    assert record["files"] == {"mask_rcnn_vitdet_toy_rope.pt2": {"format": "pt2", "size": "dynamic"}}
+    assert [c["size"] for c in record["checks"]] == [[64, 96], [128, 64]]
+    assert all(c["max_error"] <= record["tolerance"] for c in record["checks"])
+
+
+def test_a_detector_size_beyond_its_square_padding_is_one_line_before_any_work(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["detector", "--config-file", "shapes/mask_rcnn_vitdet_toy_rope.py", "--random-weights",
+                 "--formats", "pt2", "--sizes", "288x64", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "larger than the detector's square padding 256x256" in err and len(err.splitlines()) == 1
+    assert not out.exists()

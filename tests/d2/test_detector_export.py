@@ -1,5 +1,6 @@
-"""``winpos-export detector``: a shapes Mask R-CNN by config name, through detectron2's TracingAdapter, to ONNX and
-TorchScript, each run (onnxruntime, torch.jit.load) and compared with the eager detector's flattened outputs."""
+"""``winpos-export detector``: a shapes Mask R-CNN by config name to ONNX and TorchScript (through detectron2's
+TracingAdapter) and ``.pt2`` (its exportable form), each run (onnxruntime, torch.jit.load, torch.export.load) and
+compared with the eager detector's flattened outputs."""
 import json
 
 from tests.conftest import require
@@ -16,6 +17,6 @@ def test_detector_by_config_name_exports_and_matches_eager(tmp_path, capsys):
     assert "reference path" in capsys.readouterr().out
     stem = "mask_rcnn_hieradet_toy_paper"
     record = json.loads((out / f"{stem}_export.json").read_text())
-    assert sorted(record["files"]) == [f"{stem}_64x96.onnx", f"{stem}_64x96.ts"]
+    assert sorted(record["files"]) == [f"{stem}_64x96.onnx", f"{stem}_64x96.pt2", f"{stem}_64x96.ts"]
     assert record["tolerance"] == DETECTOR_TOLERANCE
-    assert all(c["max_error"] <= DETECTOR_TOLERANCE for c in record["checks"]) and len(record["checks"]) == 2
+    assert all(c["max_error"] <= DETECTOR_TOLERANCE for c in record["checks"]) and len(record["checks"]) == 3

@@ -26,6 +26,7 @@ Modules:
     predict         a model on image files, its predictions drawn (``winpos-predict``)
     video           prediction on a video file or a camera, the annotated video written
     export          a whole detector to ONNX, ``.pt2`` and TorchScript, checked (``winpos-export``)
+    export_program  the detector's inference in a form torch.export takes (its ``.pt2`` program)
     doctor          the doctor (``winpos.diagnostics.doctor``) for LazyConfig files as well as presets
     peers           detectron2's own models built for comparison (``winpos.bench.peers`` times them)
 """

@@ -1,12 +1,20 @@
 """Export a whole detector (a LazyConfig by name or path, plus its weights) to ONNX, ``.pt2`` and TorchScript, with
-detectron2's deployment conventions: the model is wrapped in ``detectron2.export.TracingAdapter``, which takes the
-image as one ``(3, H, W)`` tensor (the ``"image"`` field of detectron2's input dict, pixel values in the config's
-input format) and returns the instances' fields flattened into a tuple of tensors (boxes, classes, mask logits,
-scores), as ``tools/deploy/export_model.py`` does for tracing: ``model.inference(inputs, do_postprocess=False)``,
-so boxes are at the input's size and masks are the ROI heads' 28x28 logits, not pasted into the image.
+detectron2's deployment conventions: for ONNX and TorchScript the model is wrapped in
+``detectron2.export.TracingAdapter``, which takes the image as one ``(3, H, W)`` tensor (the ``"image"`` field of
+detectron2's input dict, pixel values in the config's input format) and returns the instances' fields flattened into
+a tuple of tensors (boxes, classes, mask probabilities, scores, then the image size), as
+``tools/deploy/export_model.py`` does for tracing: ``model.inference(inputs, do_postprocess=False)``, so boxes are
+at the input's size and masks are the ROI heads' 28x28 probabilities, not pasted into the image.
+
+``torch.export`` cannot take that inference (it branches in Python on how many boxes survive each filter), so the
+``.pt2`` program is ``winpos.d2.export_program.ExportableRCNN``: the same inference without those branches, the same
+outputs, the number of detections left dynamic. Where the detector pads every image to one square (ViTDet's
+``square_pad``), the backbone always sees that square and the program takes any input size up to it (multiples of
+the size divisibility); otherwise one program per size.
 
 Export and checks are ``winpos.backbones.export``'s (reference attention, one graph per size where the grid
-specializes it, every artifact run in its runtime and compared with the eager detector).
+specializes it). Every artifact, the ``.pt2`` included, is run in its runtime and compared with detectron2's own
+eager inference (the ``TracingAdapter``).
 """
 from __future__ import annotations
 
@@ -15,7 +23,7 @@ import torch
 from winpos.backbones.export import export_and_check, export_mode
 from winpos.errors import WinposError
 
-__all__ = ["DETECTOR_FORMATS", "DETECTOR_TOLERANCE", "build_detector", "check_detector_formats", "detector_example", "export_detector"]
+__all__ = ["DETECTOR_FORMATS", "DETECTOR_TOLERANCE", "build_detector", "detector_example", "export_detector"]
 
 # Boxes are in pixels and pass RPN / ROI top-k and NMS: an ulp-level difference in the backbone reorders ties or
 # moves a box by a fraction of a thousandth of a pixel (measured here: at most 8e-6 for the shapes detectors).
@@ -64,30 +72,26 @@ def _adapter(model, example_image):
     return TracingAdapter(model, [{"image": example_image}], inference)
 
 
-DETECTOR_FORMATS = ("onnx", "torchscript")
-
-
-def check_detector_formats(formats) -> None:
-    """A whole detector exports to ONNX and TorchScript; ``torch.export`` stops in detectron2's tracing code."""
-    if "pt2" in formats:
-        raise WinposError("a whole detector cannot be exported to .pt2: detectron2's TracingAdapter and ImageList "
-                          "compute the image size from tensors, which torch.export sees as data-dependent sizes "
-                          "(GuardOnDataDependentSymNode); use --formats onnx,torchscript, or export its backbone to "
-                          ".pt2 with winpos-export backbone")
+DETECTOR_FORMATS = ("onnx", "pt2", "torchscript")
 
 
 def export_detector(model, stem: str, sizes, formats=DETECTOR_FORMATS, opset: int = 17,
                     tolerance: float = DETECTOR_TOLERANCE):
-    """``export_and_check`` of ``TracingAdapter(model)`` on random images of each size."""
-    check_detector_formats(formats)
+    """``export_and_check`` of ``TracingAdapter(model)`` (``ExportableRCNN(model)`` for ``.pt2``) on random images
+    of each size, every artifact checked against the ``TracingAdapter``'s eager outputs."""
+    from winpos.d2.export_program import ExportableRCNN, nms_any_count, padded_size
+
     example = detector_example()
     stride = int(getattr(model.backbone, "size_divisibility", 0) or 32)
     for h, w in sizes:
         if h % stride or w % stride:
             raise WinposError(f"--sizes {h}x{w} is not a multiple of the detector's size divisibility {stride}; "
                               f"use e.g. {-(-h // stride) * stride}x{-(-w // stride) * stride}")
+        padded_size(h, w, model.backbone.size_divisibility, model.backbone.padding_constraints)  # too large: refused
+    square = (model.backbone.padding_constraints or {}).get("square_size", 0)
     with export_mode():
         adapter = _adapter(model, example(tuple(sizes[0]))).eval()
-    return export_and_check(adapter, stem, sizes, formats, example=example, stride=stride, opset=opset,
-                            tolerance=tolerance)
-
+        exported = {"pt2": ExportableRCNN(model).eval()} if "pt2" in formats else {}
+    with nms_any_count():
+        return export_and_check(adapter, stem, sizes, formats, example=example, stride=stride, opset=opset,
+                                tolerance=tolerance, exported=exported, max_side=square or 4096)
