@@ -243,7 +243,8 @@ def run(argv=None):
                         "commit) and read runs whose folder is gone from it, so a study can span sessions; a run "
                         "made again must repeat its entry's numbers")
     p.add_argument("--mae-iters", type=positive_int, default=None,
-                   help="equal footing: also run Hiera's MAE as stage 0 for this many iterations (declared: 8000)")
+                   help="equal footing: also run the masked stage-0 variant (hiera_mae: masked tokens stay in the "
+                        "encoder, a linear decoder; not Hiera's MAE) for this many iterations (declared: 8000)")
     p.add_argument("--rows", type=_names, default=None, help=f"comma list of: {ROW_NAMES} (default: all)")
     p.add_argument("--multipliers", type=number_list, default=[1.25, 1.5, 2, 4],
                    help="token-grid multipliers of stage 2 (the 16x16 grid times k must stay a multiple of 4)")
@@ -263,8 +264,9 @@ def run(argv=None):
     p.add_argument("--no-zero-shot", action="store_true", help="skip the evaluations without finetuning")
     p.add_argument("--no-finetune", action="store_true", help="only the zero-shot evaluations of stage 2")
     p.add_argument("--stage0-variants", action="store_true",
-                   help="also run the stage-0 variants that say what makes the pattern emerge (Hiera's MAE with "
-                        "half the units masked, loss on all units with half masked, no global blocks) and print "
+                   help="also run the stage-0 variants that say what makes the pattern emerge (hiera_mae: half "
+                        "the units masked, loss on the masked ones, not Hiera's MAE; loss on all units with half "
+                        "masked; no global blocks) and print "
                         "their WS and reliance beside the main stage 0")
     p.add_argument("--stage0-only", action="store_true", help="stop after stage 0 (and its variants)")
     p.add_argument("--vitdet-only", action="store_true",

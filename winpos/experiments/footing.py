@@ -225,8 +225,9 @@ def finetune_specs(f: Footing, p: int, cells=None) -> list[dict]:
 
 
 def mae_spec(f: Footing, iters: int) -> dict:
-    """Hiera's MAE as a labelled stage-0 variant (half the units masked, loss on the masked units only), absolute
-    embedding, pipeline 0's seed, ``iters`` iterations: does a longer schedule grow the window pattern?"""
+    """The masked stage-0 variant ``hiera_mae`` (half the units masked, loss on the masked units only, masked tokens
+    kept in the encoder, a linear decoder; not Hiera's MAE), absolute embedding, pipeline 0's seed, ``iters``
+    iterations: does a longer schedule grow the window pattern?"""
     return dict(name=f"stage0_hiera_mae_{iters}", kind="stage0", config=f.config, encoding="abs_learned",
                 iters=iters, mask_ratio=0.5, loss_on="masked", seed=SEED_BASE, threads=f.threads,
                 out=str(Path(f.output_dir) / "variants" / f"hiera_mae_{iters}"))
@@ -236,7 +237,7 @@ def mae_spec(f: Footing, iters: int) -> dict:
 def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
     """Run every chain (pipeline x encoding; pipelines in order, so an interrupted study has whole pipelines) and,
     with ``f.finetune``, the finetuning runs of each ``abs`` pipeline once its chain is done; ``mae_iters`` adds the
-    long Hiera-MAE stage-0 variant as the first job. Finished runs are reused by identity."""
+    long masked stage-0 variant (``hiera_mae``) as the first job. Finished runs are reused by identity."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -370,7 +371,7 @@ def remove_pipeline_files(f: Footing, p: int) -> list[str]:
 
 
 def all_specs(f: Footing, mae_iters: int | None = None) -> list[dict]:
-    """Every run of the study, in the order ``run`` starts them (the MAE variant first when asked for)."""
+    """Every run of the study, in the order ``run`` starts them (the masked stage-0 variant first when asked for)."""
     specs = [mae_spec(f, mae_iters)] if mae_iters else []
     for p in f.pipelines:
         specs += [s for enc in f.encodings for s in chain_specs(f, p, enc)] + diagnosis_specs(f, p)

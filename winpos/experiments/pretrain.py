@@ -1,10 +1,13 @@
 """Stage 0 of the reproduction: self-supervised pretraining of the detector's backbone with its own position
 encoding, from a random start, so that an absolute embedding's window pattern is *learned*, not planted.
 
-The main objective is a **unit-layout autoencoder** (mask ratio 0, loss on every unit: nothing is masked). It is
-*not* Hiera's MAE; it was built so that a window-periodic embedding is the best answer, which is the premise the
-reproduction needs to test the bug on a learned embedding. Hiera's MAE (half the units masked, loss on the masked
-units only) is kept as a labelled variant (``loss_on="masked"``); at 800 iterations it learns no window pattern.
+The main objective is a **unit-layout autoencoder** (mask ratio 0, loss on every unit: nothing is masked). It was
+built so that a window-periodic embedding is the best answer, which is the premise the reproduction needs to test
+the bug on a learned embedding. A masked stage-0 variant (``hiera_mae``: half the units masked, loss on the masked
+units only, ``loss_on="masked"``) is kept as a labelled variant; at 800 iterations it learns no window pattern.
+Neither is Hiera's MAE: here a masked unit's tokens stay in the encoder as a learned mask token and a LayerNorm plus
+one linear layer decodes, where Hiera's MAE drops the masked units after the embedding and decodes with transformer
+blocks.
 
 The objective needs the layout inside each attention window while the weights of that window's computation are
 shared by every window. At the scale of the shapes data (64 px images, a 16x16 token grid at stride 4, 4x4-token
@@ -21,7 +24,7 @@ windows in stage 1):
   source of within-unit position, and since every window runs the same weights, the most useful embedding
   repeats with the window period. A backbone without a token embedding (RoPE, LookHere) gets within-unit position
   from its attention terms instead; stage 0 trains those with the same objective and budget.
-* The loss is taken over the masked units only (``loss_on="masked"``, Hiera's MAE) or over every unit
+* The loss is taken over the masked units only (``loss_on="masked"``, the ``hiera_mae`` variant) or over every unit
   (``"all"``: the masked ones are inpainted, the visible ones autoencoded; with ``mask_ratio`` 0 plain unit
   autoencoding).
 
@@ -59,7 +62,7 @@ class PretrainSpec:
     batch: int = 32
     lr: float = 1.5e-3
     mask_ratio: float = 0.5
-    loss_on: str = "all"  # "masked": Hiera's MAE (masked units only); "all": every unit, masked or visible
+    loss_on: str = "all"  # "masked": the masked units only (the hiera_mae variant); "all": every unit
     global_blocks: bool = True  # False: no global attention anywhere (stage-3/4 windows of 2 and 1 tokens)
     seed: int = 0
     images: int = 4000
@@ -72,7 +75,8 @@ class PretrainSpec:
         if not 0 <= self.mask_ratio < 1:
             raise WinposError(f"mask_ratio={self.mask_ratio!r} must be in [0, 1): the share of units masked")
         if self.loss_on not in ("masked", "all"):
-            raise WinposError(f"loss_on={self.loss_on!r} must be 'masked' (Hiera's MAE) or 'all' (every unit)")
+            raise WinposError(f"loss_on={self.loss_on!r} must be 'masked' (the masked units only) or 'all' "
+                              "(every unit)")
         if self.loss_on == "masked" and self.mask_ratio == 0:
             raise WinposError("loss_on='masked' needs mask_ratio > 0: with no masked unit there is no loss")
         if self.image_size % (UNIT * PATCH):

@@ -4,8 +4,8 @@ one; it imports none of them.
 
 Stages (``tools/reproduce.py``):
 
-* **Stage 0** (``winpos.experiments.pretrain``): a unit-layout autoencoder (nothing masked; not Hiera's MAE, which
-  is the labelled variant ``hiera_mae``) pretraining the backbone at 64 px from a
+* **Stage 0** (``winpos.experiments.pretrain``): a unit-layout autoencoder (nothing masked; the masked variant is
+  labelled ``hiera_mae``, and neither is Hiera's MAE) pretraining the backbone at 64 px from a
   random-start absolute embedding, mask units = the 4x4-token stage-1 windows. Its embedding *learns* a window
   pattern (``abs_learned``).
 * **Stage 1** trains a small HieraDet Mask R-CNN at 64 px (a 16x16 token grid at stride 4, 4x4-token windows in
@@ -189,7 +189,8 @@ def stage0_spec(p: Protocol) -> dict:
 # Stage-0 variants that say what makes the window pattern emerge (tools/reproduce.py --stage0-variants); the main
 # stage 0 autoencodes every unit (mask ratio 0) with the config's global stages.
 STAGE0_VARIANTS = {
-    "hiera_mae": dict(mask_ratio=0.5, loss_on="masked", global_blocks=True),  # Hiera's MAE: loss on masked units
+    # the masked variant: loss on masked units, masked tokens kept in the encoder, a linear decoder; not Hiera's MAE
+    "hiera_mae": dict(mask_ratio=0.5, loss_on="masked", global_blocks=True),
     "masked_all": dict(mask_ratio=0.5, loss_on="all", global_blocks=True),  # half masked, loss on every unit
     "no_global": dict(mask_ratio=0.0, loss_on="all", global_blocks=False),  # mask ratio 0, windows everywhere
 }
