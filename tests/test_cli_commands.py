@@ -3,6 +3,7 @@
 package's ``main``, ``python -m`` of a library module refusing instead of exiting 0, and configs by name."""
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,25 @@ def test_python_dash_m_runs_the_command(module):
     res = subprocess.run([sys.executable, "-m", f"winpos.cli.{module}", "--help"], capture_output=True, text=True,
                          cwd=ROOT / "docs")
     assert res.returncode == 0 and "usage:" in res.stdout, res.stderr[-500:]
+    _check_help_examples(module, res.stdout)
+
+
+def _check_help_examples(module, text):
+    """The examples of a command's --help are as an installed user types them: configs by name (no checkout
+    ``configs/`` path; each --config-file a config name of winpos.model_zoo, or the CFG placeholder) and a
+    continued line printed with its backslash (before: ``\\``-newline in the docstring joined the two lines
+    with a wide gap)."""
+    from winpos.model_zoo import list_configs
+
+    assert "configs/" not in text, f"winpos.cli.{module} --help names a checkout configs/ path"
+    names = set(list_configs()) | {"CFG", "FILE"}
+    for line in text.splitlines():
+        if not line.lstrip().startswith("winpos-"):
+            continue
+        code = line.split(" #")[0]
+        assert not re.search(r"\S {5,}\S", code.strip()), f"winpos.cli.{module} --help: a gap in {line!r}"
+        for name in re.findall(r"--config-file (\S+)", code):
+            assert name in names, f"winpos.cli.{module} --help: {name!r} is not a config name"
 
 
 @pytest.mark.parametrize("module, command", [("winpos.d2.engine", "winpos-train"), ("winpos.d2.predict",

@@ -1,4 +1,4 @@
-"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, winpos) into a winpos
+r"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, winpos) into a winpos
 backbone, or a winpos checkpoint into another pos_embed choice.
 
     winpos-convert --input sam2.1_hiera_base_plus.pt --output hieradet_bplus.safetensors \

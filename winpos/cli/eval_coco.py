@@ -1,7 +1,7 @@
-"""Evaluate a config + checkpoint on a COCO-format dataset: box and mask AP (AP, AP50, AP75, APs, APm, APl) with the
+r"""Evaluate a config + checkpoint on a COCO-format dataset: box and mask AP (AP, AP50, AP75, APs, APm, APl) with the
 official pycocotools, optionally at several test sizes (JSON + PNG plot of AP vs size) and with inference speed.
 
-    winpos-eval --config-file configs/COCO/mask_rcnn_vitdet_b_100ep.py --checkpoint model_final.pth \
+    winpos-eval --config-file COCO/mask_rcnn_vitdet_b_100ep.py --checkpoint model_final.pth \
         model.backbone.net.recipe=paper
     winpos-eval --config-file CFG --checkpoint W --sizes 512,768,1024 --fps --output eval_out/
     winpos-eval --config-file CFG --checkpoint W --dataset mine=ann.json:images --test-dataset mine

@@ -1,7 +1,7 @@
-"""Run a config's model on images, folders, a video file or a camera and write drawings of its predictions (an
+r"""Run a config's model on images, folders, a video file or a camera and write drawings of its predictions (an
 annotated video for a video or camera) plus predictions.json.
 
-    winpos-predict --config-file configs/shapes/mask_rcnn_hieradet_toy_abswin.py \
+    winpos-predict --config-file shapes/mask_rcnn_hieradet_toy_abswin.py \
         --checkpoint output/shapes/mask_rcnn_hieradet_toy_abswin/model_final.pth --input img.png folder/ \
         --output preds/ [--score-thresh 0.5] [--dataset NAME=JSON:IMAGE_ROOT] [--no-progress] [--force] [key=value ...]
     winpos-predict --config-file CFG --checkpoint W --video-input clip.mp4 --output preds/     # preds/clip.mp4

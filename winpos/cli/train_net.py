@@ -1,6 +1,6 @@
-"""Train or evaluate a winpos LazyConfig (flags as detectron2's tools/lazyconfig_train_net.py).
+r"""Train or evaluate a winpos LazyConfig (flags as detectron2's tools/lazyconfig_train_net.py).
 
-    winpos-train --config-file configs/shapes/mask_rcnn_hieradet_toy_abswin.py
+    winpos-train --config-file shapes/mask_rcnn_hieradet_toy_abswin.py
     winpos-train --config-file CFG --resume                        # continue from output_dir/last_checkpoint
     winpos-train --config-file CFG --force                         # replace the run already in output_dir
     winpos-train --config-file CFG --eval-only train.init_checkpoint=out/model_final.pth
@@ -8,7 +8,7 @@
     winpos-train --config-file CFG --num-gpus 8 train.grad_accum_steps=4    # batch 64 = 8 GPUs x 4 x 2 images
     winpos-train --config-file CFG --dataset mine=ann.json:images dataloader.train.dataset.names=mine
     winpos-train --slurm --slurm-nodes 2 --slurm-gpus-per-node 8 --slurm-partition gpu --slurm-time 4:00:00 \
-        --config-file CFG                       # a SLURM job through submitit, requeued with --resume when preempted
+        --config-file CFG   # a SLURM job through submitit, requeued with --resume when preempted
 
 Overrides are strict: a key that does not exist is an error (add one on purpose with +key=value), and a value must
 have the type of the one it replaces. Flags go before the overrides. --eval-only needs train.init_checkpoint
