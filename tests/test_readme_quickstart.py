@@ -2,13 +2,16 @@
 quickstart markers is executed line for line in an empty temporary folder, with nothing downloaded or planted first.
 The checkpoint it reads is the one shipped with winpos (``winpos.model_zoo.demo_checkpoint``), so no step needs a
 file that a later section of the README (or the network) provides."""
+import importlib
 import os
 import re
+import shlex
 from pathlib import Path
 
 import torch
 
-from winpos.model_zoo import demo_checkpoint
+from winpos.cli import COMMANDS
+from winpos.model_zoo import demo_checkpoint, list_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +60,25 @@ def test_readme_quickstart_runs_as_written(tmp_path, capsys):
         converted = scope["sd"][f"pos_embed.{part}"]
         torch.testing.assert_close(getattr(scope["net"].pos_embed, part), converted.float(), rtol=0, atol=0)
     assert sorted(p.suffix for p in (tmp_path / "posemb").iterdir()) == [".json"] + [".png"] * 3
+
+
+def test_readme_commands_read_only_a_config_name_or_what_an_earlier_command_writes():
+    # before: the export block read --checkpoint model_final.pth, which no README step makes
+    text = (ROOT / "README.md").read_text()
+    names, made = set(list_configs()), []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            argv = shlex.split(line, comments=True)
+            if not argv or argv[0] not in COMMANDS:
+                continue
+            module = importlib.import_module(f"winpos.cli.{COMMANDS[argv[0]]}")
+            if not hasattr(module, "build_parser"):
+                continue
+            args = module.build_parser().parse_args(argv[1:])
+            for flag, value in (("--config-file", getattr(args, "config_file", None)),
+                                ("--checkpoint", getattr(args, "checkpoint", None))):
+                if value and value not in names:
+                    assert any(value.startswith(f"{d}/") for d in made), \
+                        f"README: {argv[0]} {flag} {value} is no config name and no earlier command writes it"
+            made += [o.split("=", 1)[1] for o in getattr(args, "opts", []) if o.startswith("train.output_dir=")]
+    assert made == ["out/mine"]  # the own-data training, which the eval, predict and export lines read from
