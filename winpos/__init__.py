@@ -18,7 +18,8 @@ Modules (the public ones, listed in ``__all__`` below, first; a subpackage ends 
     experiments/    the reproduction of "Window Attention is Bugged" at CPU scale and its studies
     bench/          benchmarks against the peers, and the prepared GPU check
     cli/            the installed commands (``winpos-train``, ...)
-    utils/          the plumbing d2 and the commands share (file outputs, config names, the command line)
+    utils/          the plumbing below every layer: atomic outputs and output folders (every writer: data,
+                    diagnostics, backbones, bench, experiments, d2, the commands), config names, the command line
     windows         the one padding and windowing helper (reference path, backbones, kernel tests)
     cache           the one cache of values that depend on the token grid
     install_d2      detectron2 into this environment without a compiler (``python -m winpos.install_d2``)
