@@ -59,3 +59,17 @@ def test_import_winpos_is_cheap_and_star_import_gives_all():
     first, second = res.stdout.splitlines()
     assert first == f"{winpos.__version__} False False", first  # no torch, no detectron2 on import winpos
     assert second == "[] False", second  # every public name there, still without detectron2
+
+
+def test_each_public_module_has_an_all_of_names_it_defines():
+    # before: winpos.posemb, a public subpackage, had no __all__ and re-exported nothing
+    import importlib
+
+    public = [n for n in winpos.__all__ if n != "__version__"]
+    assert "posemb" in public
+    for name in public:
+        module = importlib.import_module(f"winpos.{name}")
+        names = getattr(module, "__all__", None)
+        assert names, f"winpos.{name} has no __all__"
+        assert len(set(names)) == len(names), f"winpos.{name}.__all__ repeats a name"
+        assert not [n for n in names if not hasattr(module, n)], f"winpos.{name}.__all__ names what it lacks"
