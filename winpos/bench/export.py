@@ -26,6 +26,13 @@ def _example(seed: int = 0):
     return lambda size: torch.randn(1, 3, *size, generator=generator)
 
 
+def _rows(model: str, recipe: str, result) -> list[dict]:
+    dynamic = any(a.size is None for a in result.artifacts)
+    return [{"model": model, "recipe": recipe, "format": c.format + (" (dynamic)" if dynamic and c.format == "pt2" else ""),
+             "size": f"{c.size[0]}x{c.size[1]}", "max_error": c.max_error, "tolerance": result.tolerance}
+            for c in result.checks]
+
+
 def errors(presets, recipes, sizes, configs=()) -> list[dict]:
     """One row per (model, recipe, format, size): the max |error| of the export against eager."""
     from winpos.backbones.export import EXPORT_RECIPES, FORMATS, build_backbone, export_and_check
@@ -34,23 +41,15 @@ def errors(presets, recipes, sizes, configs=()) -> list[dict]:
     for preset in presets:
         for recipe in recipes or EXPORT_RECIPES:
             model = build_backbone(preset, recipe)
-            result = export_and_check(model, preset, sizes, FORMATS, example=_example(),
-                                      stride=getattr(model, "patch_size", 32))
-            dynamic = any(a.size is None for a in result.artifacts)
-            rows += [{"model": preset, "recipe": recipe, "format": c.format + (" (dynamic)" if dynamic and
-                                                                               c.format == "pt2" else ""),
-                      "size": f"{c.size[0]}x{c.size[1]}", "max_error": c.max_error, "tolerance": result.tolerance}
-                     for c in result.checks]
+            rows += _rows(preset, recipe, export_and_check(model, preset, sizes, FORMATS, example=_example(),
+                                                           stride=getattr(model, "patch_size", 32)))
     for config in configs:
         from pathlib import Path
 
         from winpos.d2.export import DETECTOR_FORMATS, build_detector, export_detector
 
         _, model = build_detector(config, None, random_weights=True)
-        result = export_detector(model, Path(config).stem, sizes, DETECTOR_FORMATS)
-        rows += [{"model": Path(config).stem, "recipe": "(config)", "format": c.format,
-                  "size": f"{c.size[0]}x{c.size[1]}", "max_error": c.max_error, "tolerance": result.tolerance}
-                 for c in result.checks]
+        rows += _rows(Path(config).stem, "(config)", export_detector(model, Path(config).stem, sizes, DETECTOR_FORMATS))
     return rows
 
 
