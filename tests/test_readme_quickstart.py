@@ -82,3 +82,14 @@ def test_readme_commands_read_only_a_config_name_or_what_an_earlier_command_writ
                         f"README: {argv[0]} {flag} {value} is no config name and no earlier command writes it"
             made += [o.split("=", 1)[1] for o in getattr(args, "opts", []) if o.startswith("train.output_dir=")]
     assert made == ["out/mine"]  # the own-data training, which the eval, predict and export lines read from
+
+
+def test_readme_stays_under_150_lines_with_exactly_two_setup_commands():
+    """One place per journey: details live in docs/; the set-up is one install-and-run command and one test
+    command, the latter the one CI runs."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 150, f"README.md has {len(text.splitlines())} lines; move details to docs/"
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_lines = [line.strip() for line in text.splitlines() if "pytest" in line and not line.startswith("#")]
+    assert any(line.strip("`$ ") and line.strip("`$ ").split("#")[0].strip() in ci for line in test_lines), \
+        "the README's test command is not the one .ci/run calls"
