@@ -7,4 +7,4 @@ from .mask_rcnn_vitdet_dinov3_b_100ep import dataloader, lr_multiplier, model, o
 model.backbone.net.net = "vitdet_dinov3_l"
 model.backbone.net.drop_path_rate = 0.4
 optimizer.params.lr_decay_rate = 0.8
-train.init_checkpoint = "vit_large_patch16_dinov3.lvd1689m.safetensors"
+train.init_checkpoint = "vit_large_patch16_dinov3.lvd1689m.safetensors?allow_loss=True"  # storage tokens dropped

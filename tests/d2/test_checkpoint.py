@@ -150,3 +150,35 @@ def test_init_hieradet_and_errors(tmp_path):
     assert split_checkpoint_url("a/b.pth?matching_heuristics=True") == ("a/b.pth", True)
     with pytest.raises(ValueError, match="unsupported query"):
         split_checkpoint_url("a/b.pth?foo=1")
+
+
+def test_a_partial_backbone_checkpoint_is_refused_unless_the_path_accepts_the_loss(tmp_path):
+    """A trunk file missing two blocks would leave them at their initialization: refused as winpos-convert refuses
+    it, naming the blocks and '?allow_loss=True'; with the flag it loads, and the report says LOST."""
+    src = _randomize(_vit_detector())
+    trunk = {k: v for k, v in src.backbone.net.net.state_dict().items() if not k.startswith(("blocks.2.", "blocks.3."))}
+    torch.save(trunk, tmp_path / "short.pth")
+    dst = _vit_detector()
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    path = str(tmp_path / "short.pth")
+    with pytest.raises(ValueError, match=r"partial.*blocks\.2\..*" + "short.pth" + r"\?allow_loss=True"):
+        load_init_checkpoint(WinposCheckpointer(dst), path)
+    assert all(torch.equal(v, dst.state_dict()[k]) for k, v in before.items())  # refused before loading anything
+    msg = load_init_checkpoint(WinposCheckpointer(dst), path + "?allow_loss=True")
+    assert "LOST" in msg
+    torch.testing.assert_close(dst.backbone.net.net.blocks[0].attn.qkv.weight,
+                               src.backbone.net.net.blocks[0].attn.qkv.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("path,message", [
+    ("a/b.pth?allow_loss=maybe", "neither True nor False"),
+    ("a/b.pth?strict=True", "unsupported query"),
+])
+def test_checkpoint_path_flags_are_checked(path, message):
+    from winpos.d2.checkpoint import checkpoint_flags
+
+    with pytest.raises(ValueError, match=message):
+        checkpoint_flags(path)
+    assert checkpoint_flags("a/b.pth?allow_loss=True&matching_heuristics=true") == (
+        "a/b.pth", {"matching_heuristics": True, "allow_loss": True})
+    assert checkpoint_flags("a/b.pth") == ("a/b.pth", {"matching_heuristics": False, "allow_loss": False})

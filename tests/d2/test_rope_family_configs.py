@@ -54,9 +54,13 @@ def test_recipe_trains_five_iterations_from_a_converted_checkpoint(family, tmp_p
     small = dict(embed_dim=128, depth=2, num_heads=2)
     source = timm.create_model(weights.format("base"), pretrained=False, num_classes=0, **small).state_dict()
     torch.save(source, tmp_path / "weights.pth")
+    # the shipped path's query: DINOv3's accepts the loss of its storage tokens, the others lose nothing
+    query = get_config(f"COCO/mask_rcnn_vitdet_{family}_b_100ep.py").train.init_checkpoint.partition("?")[2]
+    assert query == ("allow_loss=True" if family == "dinov3" else "")
     cfg = get_config(f"COCO/mask_rcnn_vitdet_{family}_b_100ep.py", [
         *(f"model.backbone.net.{k}={v}" for k, v in small.items()), "model.backbone.net.global_blocks=[1]",
-        "model.backbone.square_pad=128", *CPU_HEADS, f"train.init_checkpoint={tmp_path / 'weights.pth'}"])
+        "model.backbone.square_pad=128", *CPU_HEADS,
+        f'train.init_checkpoint="{tmp_path / "weights.pth"}' + (f'?{query}"' if query else '"')])
     model = instantiate(cfg.model).train()
     report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
     assert f"winpos importer ({family.replace('ropevit', 'rope_vit')})" in report, report

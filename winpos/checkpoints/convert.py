@@ -374,9 +374,11 @@ def resample_patch_kernel(weight: torch.Tensor, size) -> torch.Tensor:
     return (flat @ torch.linalg.pinv(resize).T).reshape(*weight.shape[:2], *size).to(weight.dtype)
 
 
-def check_no_loss(report: LoadReport, allow_loss: bool = False) -> None:
+def check_no_loss(report: LoadReport, allow_loss: bool = False,
+                  accept: str = "pass --allow-loss (allow_loss=True)") -> None:
     """Refuse a partial conversion: ``report.lost`` non-empty raises a ``WinposError`` naming what would be lost
-    (``allow_loss``: accept it; the caller records ``report.lost``)."""
+    and, in ``accept``, how the caller's user accepts it (``allow_loss``: accepted; the caller records
+    ``report.lost``)."""
     if not report.lost or allow_loss:
         return
     at_init = [k for k, why in report.lost if why.startswith(_AT_INIT)]
@@ -390,7 +392,7 @@ def check_no_loss(report: LoadReport, allow_loss: bool = False) -> None:
          if at_init else [])
     raise WinposError(f"the conversion {report.source} -> {report.target} is partial: it would {' and '.join(parts)}; "
                       "convert to a target that holds them (its family's preset: winpos.backbones.list_presets()), or "
-                      "pass --allow-loss (allow_loss=True) to accept the loss, which is recorded in the output")
+                      f"{accept} to accept the loss, which is recorded in the output")
 
 
 def convert(adapted: Adapted, model: nn.Module | None, target_name: str | None = None):

@@ -33,22 +33,38 @@ from winpos.checkpoints.io import check_finite_state_dict, load_checkpoint_objec
 from winpos.errors import MissingInputError, WinposError
 from winpos.utils.outputs import atomic_write, remove_stale_temps
 
-__all__ = ["WinposCheckpointer", "RNGState", "CaptureRNG", "load_init_checkpoint", "split_checkpoint_url"]
+__all__ = ["WinposCheckpointer", "RNGState", "CaptureRNG", "checkpoint_flags", "load_init_checkpoint", "split_checkpoint_url"]
 
 logger = logging.getLogger(__name__)
 
 
-def split_checkpoint_url(path: str) -> tuple[str, bool]:
-    """``"file.pth?matching_heuristics=True"`` -> ``("file.pth", True)``; other query keys are refused."""
+QUERY_FLAGS = ("matching_heuristics", "allow_loss")
+
+
+def checkpoint_flags(path: str) -> tuple[str, dict[str, bool]]:
+    """``"file.pth?matching_heuristics=True&allow_loss=True"`` -> ``("file.pth", {flag: bool})`` for the flags of
+    ``QUERY_FLAGS`` (absent: False); any other query key, or a value other than true / false, is refused."""
     parsed = urlparse(path)
+    flags = dict.fromkeys(QUERY_FLAGS, False)
     if not parsed.query:
-        return path, False
-    query = parse_qs(parsed.query)
-    unknown = set(query) - {"matching_heuristics"}
+        return path, flags
+    query = parse_qs(parsed.query, keep_blank_values=True)
+    unknown = set(query) - set(QUERY_FLAGS)
     if unknown:
         raise WinposError(f"unsupported query {sorted(unknown)} in checkpoint path {path!r}; only "
-                          "'?matching_heuristics=True' is understood")
-    return parsed._replace(query="").geturl(), query["matching_heuristics"][0].lower() == "true"
+                          f"{' and '.join(f'?{f}=True' for f in QUERY_FLAGS)} are understood")
+    for key, values in query.items():
+        if values[-1].lower() not in ("true", "false"):
+            raise WinposError(f"{key}={values[-1]!r} in checkpoint path {path!r} is neither True nor False")
+        flags[key] = values[-1].lower() == "true"
+    return parsed._replace(query="").geturl(), flags
+
+
+def split_checkpoint_url(path: str) -> tuple[str, bool]:
+    """``"file.pth?matching_heuristics=True"`` -> ``("file.pth", True)`` (``checkpoint_flags``' path and
+    ``matching_heuristics``)."""
+    local, flags = checkpoint_flags(path)
+    return local, flags["matching_heuristics"]
 
 
 def _normalize(obj, path) -> dict:
@@ -202,14 +218,18 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     Anything else is a backbone (or foreign detector) checkpoint: it is converted by the winpos importer of the
     model's backbone, and the tensors whose names and shapes match the model outside the backbone (e.g. the
     pyramid and heads of a detectron2 ViTDet zoo model) are loaded as they are.
+    A partial conversion (trunk weights of the source with no place in the backbone, such as DINOv3's storage
+    tokens, or trunk weights of the backbone the source lacks, which would train from their initialization) is
+    refused as ``winpos-convert`` refuses it, unless the path ends in ``?allow_loss=True``.
     Raises WinposError (a ValueError; ``MissingInputError``, also a FileNotFoundError, for a missing file) when the
-    file does not exist, holds NaN/inf weights, or nothing in it fits the model.
+    file does not exist, holds NaN/inf weights, converts partially, or nothing in it fits the model.
     """
     if not path:
         return "no init_checkpoint: training from scratch"
     model = checkpointer.model
     model = getattr(model, "module", model)  # DDP
-    local, heuristics = split_checkpoint_url(path)
+    local, flags = checkpoint_flags(path)
+    heuristics = flags["matching_heuristics"]
     if not os.path.isfile(local):
         try:
             local = checkpointer.path_manager.get_local_path(local)
@@ -240,6 +260,11 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     net_sd = {k[len(prefix) + 1:]: v for k, v in sd.items() if k.startswith(prefix + ".")}
     source_sd = net_sd if net_sd and len(net_sd) >= 0.5 * len(sd) else sd
     net_state, report = load_external(source_sd, net)  # the one importer: detect(), then the format's converter
+    if report.lost and not flags["allow_loss"]:
+        from winpos.checkpoints.convert import check_no_loss
+
+        check_no_loss(report, accept=f"give the path as {local}?allow_loss=True (in a key=value override, quoted: "
+                                     f"'train.init_checkpoint=\"{local}?allow_loss=True\"')")  # winpos-convert's
     net.load_state_dict(net_state, strict=False)
     loaded = len(report.matched) + len(report.converted) + len(report.reshaped)
     outside = {k: sd[k] for k in fits if not k.startswith(prefix + ".")}
