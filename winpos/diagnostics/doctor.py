@@ -7,7 +7,9 @@ even ViT-H costs nothing) and reports, for the requested image size:
   the embedding's ([BUG], exit status 1), which blocks are affected, and the fix;
 * the block terms (``winpos.diagnostics.terms``): RoPE positions and rotation angles per block kind against the
   trained range (extrapolation, compression, aliasing), and how relpos tables are resampled ([WARN] where the
-  blocks see what training never showed them; a warning is not a bug and keeps exit status 0).
+  blocks see what training never showed them; a warning is not a bug and keeps exit status 0);
+* what padding the token grid to whole windows costs (``window_padding``): extra tokens per window size, and the
+  window sizes that would tile the grid (a cost, never part of the verdict).
 
 This module needs no detectron2: it checks a built backbone or a preset. ``winpos.d2.doctor.diagnose`` adds
 LazyConfig targets, loaded with winpos's strict override loader (an override that names no key, or gives a value
@@ -24,7 +26,7 @@ from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
 __all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport", "fix_text",
-           "keeps_block_terms", "load_state"]
+           "keeps_block_terms", "load_state", "window_padding"]
 
 
 @dataclass
@@ -40,6 +42,7 @@ class DoctorReport:
     fix: str = ""
     terms: list = field(default_factory=list)  # winpos.diagnostics.terms.TermReport per (term, block kind)
     window_sizes: list = field(default_factory=list)  # of the affected window blocks (the bug's figure draws them)
+    padding: list = field(default_factory=list)  # window_padding's findings: cost, never a verdict
 
     @property
     def warn(self) -> bool:
@@ -53,6 +56,7 @@ class DoctorReport:
             out.append(f"  fix: {self.fix}")
         for term in self.terms:  # each: a [LEVEL] header, then its findings
             out += [f"  {ln}" for ln in term.text(indent="  ").split("\n")]
+        out += [f"  padding: {ln}" for ln in self.padding]
         return "\n".join(out)
 
 
@@ -62,6 +66,46 @@ def _stride(net) -> int:
 
 def _window_blocks(net) -> list[tuple[int, int]]:
     return [(i, blk.attn.window_size) for i, blk in enumerate(net.blocks) if blk.attn.window_size]
+
+
+def window_padding(net, image_size: int) -> list[str]:
+    """What padding the token grid to whole windows costs at a square ``image_size``, per (grid, window) of the
+    window blocks: the padded grid, the share of extra tokens the attention computes on (the blocks pad before
+    partitioning and crop after, so only attention pays), and the nearest window sizes that tile the grid exactly.
+    A pooling block hands the next blocks a grid halved (rounded up), as in the model."""
+    grid = -(-image_size // _stride(net))
+    groups: dict = {}
+    for i, blk in enumerate(net.blocks):
+        ws = blk.attn.window_size
+        if ws:
+            groups.setdefault((grid, ws), []).append(i)
+        if blk.attn.q_stride > 1:
+            grid = -(-grid // blk.attn.q_stride)
+    lines = []
+    for (g, ws), blocks in groups.items():
+        where = f"blocks {_ranges(blocks)}: {g}x{g} tokens"
+        padded = -(-g // ws) * ws
+        if padded == g:
+            lines.append(f"{where} tile {ws}-token windows exactly (no padding)")
+            continue
+        extra = padded * padded / (g * g) - 1
+        tiling = sorted((d for d in range(2, g + 1) if g % d == 0 and ws / 2 <= d <= 2 * ws),
+                        key=lambda d: (abs(d - ws), d))[:2]
+        alt = (f"; windows of {' or '.join(map(str, tiling))} tokens would tile it exactly" if tiling else
+               f"; no window between {ws // 2} and {2 * ws} tokens tiles {g}")
+        lines.append(f"{where} padded to {padded}x{padded} for {ws}-token windows: attention computes on "
+                     f"{extra:+.1%} tokens{alt}")
+    return lines
+
+
+def _ranges(blocks) -> str:
+    """``[0, 1, 2, 4]`` -> ``"0-2, 4"``."""
+    runs, start = [], blocks[0]
+    for prev, cur in zip(blocks, blocks[1:] + [None]):
+        if cur != prev + 1:
+            runs.append(f"{start}-{prev}" if prev > start else str(start))
+            start = cur
+    return ", ".join(runs)
 
 
 def keeps_block_terms(net) -> bool:
@@ -113,6 +157,7 @@ def diagnose_backbone(net, image_size: int, name: str = "model", fix: str | None
 
     report = _embedding_report(net, image_size, name, fix)
     report.terms = position_terms(net, image_size, trained_size, state=load_state(checkpoint))
+    report.padding = window_padding(net, image_size)
     return report
 
 
