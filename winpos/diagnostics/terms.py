@@ -1,4 +1,4 @@
-"""The doctor's reading of the block position terms (RoPE and relpos) at a new image size.
+"""The doctor's reading of the block position terms (RoPE, relpos and LookHere) at a new image size.
 
 For each block kind (window blocks and global blocks) it compares what the blocks see at the new size with what
 the term was trained on:
@@ -25,6 +25,11 @@ the term was trained on:
 * **relpos**: the stored table (length ``2S-1``, offsets ``|d| <= S-1``) is linearly resampled to ``2K-1`` for a
   key extent K; the stretch ``(2K-1)/(2S-1)`` and the offsets beyond the trained ones are reported.
 
+* **LookHere**: nothing is stored per grid; the direction masks and the ``-slope * distance`` penalties are rebuilt
+  on the new grid. What changes is how far the keys are: the farthest key distance at the new extent against the
+  trained one (the same reference as RoPE's), and the penalties the weakest and the strongest head give there.
+  Keys farther than any trained one are a [WARN] (penalties training never produced), as for the other terms.
+
 ``position_terms(net, image_size, trained_px)`` returns one ``TermReport`` per (term, block kind);
 ``winpos.diagnostics.doctor`` prints them and ``winpos.diagnostics.term_plots`` draws them.
 """
@@ -39,8 +44,8 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["BlockGroup", "RopeRange", "TermReport", "block_groups", "block_position_state", "position_terms",
-           "relpos_report", "rope_range", "rope_report", "trained_image_px"]
+__all__ = ["BlockGroup", "RopeRange", "TermReport", "block_groups", "block_position_state", "lookhere_report",
+           "position_terms", "relpos_report", "rope_range", "rope_report", "trained_image_px"]
 
 TOL = 1e-4  # relative tolerance on positions and angles (float32 tables)
 HALF_TURN = math.pi
@@ -95,6 +100,62 @@ class TermReport:
         blocks = ", ".join(map(str, self.group.blocks))
         return "\n".join([f"{self.term}, {self.group.kind} blocks ({blocks}): {self.level}"] +
                          [f"{indent}{line}" for line in self.lines])
+
+    def to_dict(self) -> dict:
+        """The term as plain JSON values: term, block kind, blocks, the key extent now and at the trained size
+        (``[h, w]`` tokens), level, the printed lines and ``summary()``."""
+        g = self.group
+        return {"term": self.term, "kind": g.kind, "blocks": [int(i) for i in g.blocks],
+                "extent": [int(e) for e in g.extent], "trained_extent": [int(e) for e in g.trained_extent],
+                "level": self.level, "lines": list(self.lines), "summary": self.summary()}
+
+    def summary(self) -> dict | None:
+        """The few numbers of ``data`` a script checks, as floats, ints and lists (no arrays; a ratio that is not
+        finite is None); None for a term without numbers. RoPE: positions now and trained, ``offset_ratio`` (how far
+        the offsets reach against the trained ones, per the farther axis), ``step_ratio`` (y, x: < 1 compressed,
+        > 1 stretched), the slots meeting unseen angles and how much further they turn, the largest angle range and
+        per-token step (radians), the aliased slots. relpos: the stored and used table lengths and the stretch.
+        LookHere: the farthest key distance now and trained (tokens), their ratio, the weakest and strongest slope."""
+        if self.term == "RoPE" and self.data:
+            return _rope_summary(self.data)
+        if self.term == "relpos" and self.data:
+            return _relpos_summary(self.data)
+        if self.term == "LookHere" and self.data:
+            far, trained = float(self.data["max_distance"]), float(self.data["trained_max_distance"])
+            return {"max_distance": _number(far), "trained_max_distance": _number(trained),
+                    "distance_ratio": _number(far / trained) if trained else None,
+                    "slopes": [_number(v) for v in self.data["slopes"]]}
+        return None
+
+
+def _number(v) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _rope_summary(d: dict) -> dict:
+    new, ref, unseen = d["new"], d["ref"], d["new_angles"]
+
+    def positions(r: RopeRange) -> dict:
+        return {"lo": [_number(v) for v in r.pos_lo], "hi": [_number(v) for v in r.pos_hi],
+                "step": [_number(v) for v in r.pos_step]}
+
+    return {"coords": d["coords"], "heads": int(new.span.shape[0]), "slots": int(new.span.size),
+            "positions": positions(new), "trained_positions": positions(ref),
+            "extrapolates": bool(d["extrapolates"]), "offset_ratio": _number(np.max(new.pos_span / ref.pos_span)),
+            "step_ratio": [_number(v) for v in d["step_ratio"]],
+            "unseen_angle_slots": int(unseen.sum()),
+            "max_angle_growth": _number(np.max(new.span[unseen] / ref.span[unseen])) if unseen.any() else None,
+            "max_angle_rad": _number(new.span.max()), "trained_max_angle_rad": _number(ref.span.max()),
+            "max_step_rad": _number(new.step.max()), "trained_max_step_rad": _number(ref.step.max()),
+            "aliased_slots": int(d["aliased"].sum())}
+
+
+def _relpos_summary(d: dict) -> dict:
+    return {"stored": [int(v) for v in d["stored"]], "used": [int(v) for v in d["used"]],
+            "stretch": [_number(v) for v in d["stretch"]],
+            "trained_max_offset": [(int(s) - 1) // 2 for s in d["stored"]],
+            "max_offset": [(int(u) - 1) // 2 for u in d["used"]]}
 
 
 def rope_range(rope, hw) -> RopeRange:
@@ -218,6 +279,36 @@ def relpos_report(attn, group: BlockGroup, tables=None) -> TermReport:
     return rep
 
 
+def lookhere_report(modules, group: BlockGroup, reference_note: str) -> TermReport:
+    """How far the keys of ``group``'s blocks are at the new extent against the trained one, and the penalties
+    (``-slope * distance``, logits) the weakest and strongest head of those blocks (``modules``: their LookHere
+    modules) give the farthest key."""
+    rep = TermReport("LookHere", group)
+    far = math.hypot(group.extent[0] - 1, group.extent[1] - 1)
+    trained = math.hypot(group.trained_extent[0] - 1, group.trained_extent[1] - 1)
+    slopes = [v for m in modules for v in m.slope_values() if v > 0]
+    what = "window" if group.kind == "window" else "grid"
+    e = group.extent
+    rep.lines.append(f"keys up to {far:.3g} tokens away on the {e[0]}x{e[1]} {what}; trained up to {trained:.3g} "
+                     f"({reference_note})")
+    if slopes:
+        lo, hi = min(slopes), max(slopes)
+        pen = f"-{lo * far:.3g} (weakest head) to -{hi * far:.3g} logits (strongest)"
+        if far > trained * (1 + TOL):
+            rep.level = "WARN"
+            rep.lines.append(f"x{far / trained:.3g} FARTHER than trained: the masks and distances are rebuilt on the new "
+                             f"grid (nothing interpolated), and the farthest keys get penalties training never gave: "
+                             f"{pen}, against -{lo * trained:.3g} to -{hi * trained:.3g} at the trained range "
+                             "(LookHere is built to extrapolate; set_global_slope scales every penalty)")
+        else:
+            rep.lines.append(f"within the trained range: the farthest key gets {pen}, as in training")
+    else:
+        lo = hi = 0.0
+        rep.lines.append("every head has slope 0: no penalty and no mask at any distance")
+    rep.data = {"max_distance": far, "trained_max_distance": trained, "slopes": (lo, hi)}
+    return rep
+
+
 def trained_image_px(net) -> tuple[int, str]:
     """The image size (px) the block terms are compared against by default, and where it comes from."""
     stride = getattr(net, "patch_size", None) or net.strides[0]
@@ -231,9 +322,9 @@ def trained_image_px(net) -> tuple[int, str]:
 
 
 def block_groups(net, image_size: int, trained_px: int, same_layout: bool = False) -> list[BlockGroup]:
-    """The blocks with a RoPE or relpos term, grouped by (term, kind, extent), at ``image_size`` px. The trained
-    extent of a RoPE group is the whole grid at ``trained_px`` (global attention, as RoPE pretraining), or with
-    ``same_layout`` the group's own extent at ``trained_px`` (its window, or the grid there)."""
+    """The blocks with a RoPE, relpos or LookHere term, grouped by (term, kind, extent), at ``image_size`` px. The
+    trained extent of a RoPE or LookHere group is the whole grid at ``trained_px`` (global attention, as their
+    pretraining), or with ``same_layout`` the group's own extent at ``trained_px`` (its window, or the grid there)."""
     stride = getattr(net, "patch_size", None) or net.strides[0]
     grid = (-(-image_size // stride),) * 2
     ref = (-(-trained_px // stride),) * 2
@@ -241,11 +332,11 @@ def block_groups(net, image_size: int, trained_px: int, same_layout: bool = Fals
     for i, blk in enumerate(net.blocks):
         attn = blk.attn
         term = attn.position.kind
-        if term in ("rope", "relpos"):
+        if term in ("rope", "relpos", "lookhere"):
             ws = attn.window_size
             kind = "window" if ws else "global"
             extent = (ws, ws) if ws else grid
-            trained = ((ws, ws) if ws and same_layout else ref) if term == "rope" else extent
+            trained = ((ws, ws) if ws and same_layout else ref) if term != "relpos" else extent
             groups.setdefault((term, kind, extent, trained, grid), []).append(i)
         if attn.q_stride > 1:  # a pooling block hands a halved grid to the next one
             grid = tuple(-(-g // attn.q_stride) for g in grid)
@@ -300,7 +391,7 @@ def position_terms(net, image_size: int, trained_px: int | None = None, state: d
     if trained_px is None:
         trained_px, source = trained_image_px(net)
         if source == "pretrain_img_size":
-            source += "; a RoPE trained in this window layout: --rope-trained-size"
+            source += "; a term trained in this window layout: --rope-trained-size"
     else:
         source = "the given trained size, this window layout"
     blocks = block_position_state(state, len(net.blocks)) if state is not None else {}
@@ -320,6 +411,9 @@ def position_terms(net, image_size: int, trained_px: int | None = None, state: d
         g = group.trained_extent
         how = "window attention" if same_layout and group.kind == "window" else "global attention"
         note = f"{how} on {g[0]}x{g[1]} tokens at {trained_px} px, {source}"
+        if group.term == "lookhere":
+            out.append(lookhere_report([net.blocks[i].attn.lookhere for i in group.blocks], group, note))
+            continue
         modules = [_rope_module(net.blocks[i].attn, blocks.get(i, {}).get("freqs")) for i in group.blocks]
         if all(exact for _, exact in modules) and attn.rope.kind == "mixed":  # learned per block: the worst one
             reps = [rope_report(rope, group, note) for rope, _ in modules]

@@ -282,6 +282,11 @@ class LookHere(nn.Module):
                               f"global_slope below {limit:.3g} (the authors use 2.0)")
         return slopes
 
+    def slope_values(self) -> list[float]:
+        """The heads' distance penalties per token of distance, as numbers (also for a module built on the meta
+        device, whose ``slopes`` buffer holds none)."""
+        return _slopes64(self._head_slopes, self.layer_index, self.num_layers, self.global_slope, self.layer_slopes)
+
     def _visible_fov(self, slopes64: Tensor) -> Tensor:
         """The layout's FOVs with the rows of zero-slope heads cleared (no penalty means no mask, as in the authors'
         code)."""
