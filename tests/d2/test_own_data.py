@@ -109,7 +109,7 @@ def test_predict_names_classes_and_writes_rle_masks_without_generating_shapes(ow
 def test_shapes_class_names_without_generating_the_dataset(tmp_path, monkeypatch):
     from winpos.d2.config import load_config
     from winpos.d2.predict import class_names
-    from winpos.data.shapes import SHAPE_CLASSES
+    from winpos.data.scenes import SHAPE_CLASSES
 
     monkeypatch.setenv("WINPOS_DATA", str(tmp_path / "cache"))
     assert class_names(load_config(str(CONFIG))) == list(SHAPE_CLASSES)

@@ -27,6 +27,7 @@ from winpos.data import (
     SHAPE_CLASSES, DatasetFileNotFoundError, Shape, compose_scene, ensure_shapes_dataset, generate_shapes,
     mask_to_polygons, validate_coco_json,
 )
+from winpos.data import scenes
 from winpos.data import shapes as shapes_module
 
 
@@ -117,7 +118,7 @@ def test_occluded_instance_excludes_its_occluder_and_hidden_ones_drop():
     h, w = 100, 120
 
     def full(s):
-        return _decode([shapes_module.shape_polygon(s).ravel().tolist()], h, w)
+        return _decode([scenes.shape_polygon(s).ravel().tolist()], h, w)
 
     # Pixels of a dropped instance still hide what lies below: they belong to no mask.
     expected_square = full(square) & ~full(hidden) & ~full(cover) & ~full(star) & ~full(circle)
@@ -125,7 +126,7 @@ def test_occluded_instance_excludes_its_occluder_and_hidden_ones_drop():
     np.testing.assert_array_equal(_decode(anns[0]["segmentation"], h, w), expected_square)
     assert anns[0]["area"] == expected_square.sum() and anns[0]["category_id"] == 2
     np.testing.assert_array_equal(_decode(anns[4]["segmentation"], h, w), full(circle) & ~full(edge))
-    assert anns[3]["segmentation"] == [shapes_module.shape_polygon(star).ravel().tolist()]  # whole: analytic
+    assert anns[3]["segmentation"] == [scenes.shape_polygon(star).ravel().tolist()]  # whole: analytic
     assert anns[5]["bbox"][0] + anns[5]["bbox"][2] <= w and anns[5]["bbox"][1] == 0  # traced, clipped at border
     # The pixels follow the masks: each instance's visible pixels carry its own colour (noise is <= ~30).
     for shape, ann in zip(shapes, anns):

@@ -9,6 +9,7 @@ import pytest
 from winpos.errors import WinposError
 from winpos.experiments import archive as A
 from winpos.experiments import footing as F
+from winpos.experiments import footing_runs as FR
 from winpos.experiments import runs as R
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,23 +178,23 @@ def test_study_collects_from_the_archive_and_skips_archived_chains(tmp_path):
                   archive_dir=str(tmp_path / "arch"))
     specs = F.chain_specs(f, 0, "rope")
     _finish_chain(specs)
-    counts = F.archive_all(f, log=lambda m: None)
+    counts = FR.archive_all(f, log=lambda m: None)
     assert counts == {"new": len(specs), "reproduced": 0}
-    assert F.archive_all(f, log=lambda m: None) == {"new": 0, "reproduced": len(specs)}
+    assert FR.archive_all(f, log=lambda m: None) == {"new": 0, "reproduced": len(specs)}
     import shutil
 
     shutil.rmtree(tmp_path / "study")
-    data = F.collect(f)
+    data = FR.collect(f)
     assert data["missing"] == [] and data["ap64"]["rope"]["0"] == {"box": 17.0, "mask": 10.0}
     assert data["zero_shot"]["rope"]["canvas 4x"]["0"]["box"] == 17.0
     logs = []
-    F.run(f, log=logs.append)  # nothing to run: every run of the chain is archived
+    FR.run(f, log=logs.append)  # nothing to run: every run of the chain is archived
     assert logs == ["skip p0/rope: every run of it is finished or archived"]
     assert not (tmp_path / "study").exists()
     without = F.Footing(config=CONFIG, output_dir=str(tmp_path / "study"), pipelines=(0,), encodings=("rope",))
-    assert len(F.collect(without)["missing"]) == len(specs)
+    assert len(FR.collect(without)["missing"]) == len(specs)
     with pytest.raises(WinposError, match="--archive"):
-        F.archive_all(without)
+        FR.archive_all(without)
 
 
 def test_report_of_a_study_read_from_its_archive_alone(tmp_path, capsys):
@@ -205,7 +206,7 @@ def test_report_of_a_study_read_from_its_archive_alone(tmp_path, capsys):
     f = F.Footing(config=CONFIG, output_dir=str(out), pipelines=(0,), encodings=("rope",),
                   archive_dir=str(tmp_path / "arch"))
     _finish_chain(F.chain_specs(f, 0, "rope"))
-    F.archive_all(f, log=lambda m: None)
+    FR.archive_all(f, log=lambda m: None)
     import shutil
 
     shutil.rmtree(out)

@@ -15,6 +15,7 @@ import pytest
 from winpos.errors import WinposError
 from winpos.experiments import archive as A
 from winpos.experiments import footing as F
+from winpos.experiments import footing_runs as FR
 from winpos.experiments import footing_analysis as FA
 from winpos.experiments import runs as R
 from winpos.experiments import stats as ST
@@ -249,10 +250,10 @@ def test_a_whole_pipeline_is_archived_then_its_folders_and_evaluation_set_remove
     val = shapes_val_dir(**F.stage2_shapes(f, 12, "canvas", 1.25))
     val.mkdir(parents=True)
     logs = []
-    F.run(f, log=logs.append)  # nothing to run: every run is archived; the tidy-up removes what no report reads
+    FR.run(f, log=logs.append)  # nothing to run: every run is archived; the tidy-up removes what no report reads
     assert not (tmp_path / "eq" / "pipeline12").exists() and not val.exists()
     assert any("every run archived; removed" in line for line in logs)
-    data = F.collect(f)
+    data = FR.collect(f)
     assert data["missing"] == [] and len(data["finetuned"]["abs2win"]["canvas 1.25x"]["12"]) == 4
 
 
@@ -262,7 +263,7 @@ def _rope_archive(tmp_path):
                   archive_dir=str(tmp_path / "arch"))
     for s in F.chain_specs(f, 0, "rope"):
         _finish(s)
-    F.archive_all(f, log=lambda m: None)
+    FR.archive_all(f, log=lambda m: None)
     return f
 
 

@@ -13,6 +13,7 @@ import torch
 from winpos.backbones import create
 from winpos.errors import WinposError
 from winpos.experiments import footing as F
+from winpos.experiments import footing_runs as FR
 from winpos.experiments import pretrain as S0
 from winpos.experiments import runs as R
 from winpos.experiments import stats as ST
@@ -337,11 +338,11 @@ def test_the_replication_runs_only_its_cell_on_new_pipelines_and_is_collected_ap
     assert F.replication_study(F.Footing(config=CONFIG, pipelines=tuple(range(12)), finetune=True)) is None
     assert F.replication_study(F.Footing(config=CONFIG, encodings=("rope",), finetune=True)) is None
     assert F.replication_study(F.Footing(config=CONFIG)) is None
-    assert F.collect(study)["replication"] is None  # nothing of it has run: no block in the report
+    assert FR.collect(study)["replication"] is None  # nothing of it has run: no block in the report
     spec = F.finetune_spec(rep, 7, "abs2win", "canvas", 1.25, 1)  # one finished run of the replication
     R.claim(spec)
     (Path(spec["out"]) / R.RESULT).write_text(json.dumps(R.seal({"bbox": {"AP": 3.0}, "segm": {"AP": 1.5}}, spec)))
-    data = F.collect(study)
+    data = FR.collect(study)
     assert data["replication"]["finetuned"] == {"abs2win": {"canvas 1.25x": {"7": {"1": {"box": 3.0, "mask": 1.5}}}}}
     assert data["finetuned"] == {} and "p7/abs2win/canvas/1.25x/seed1" not in data["replication"]["missing"]
     assert not any(name.startswith("p7/") for name in data["missing"])  # the study's own missing runs only

@@ -129,6 +129,7 @@ def _equivalence(args, log) -> int:
     from dataclasses import replace
 
     from winpos.experiments import footing as F
+    from winpos.experiments import footing_runs as FR
     from winpos.experiments.footing_analysis import analyze_equivalence
     from winpos.experiments.equivalence_report import format_equivalence, plot_equivalence
     from winpos.utils.outputs import atomic_write_json
@@ -143,10 +144,10 @@ def _equivalence(args, log) -> int:
     study.validate()
     if not args.report_only:
         _hold(out)
-        stopped = _run_study(lambda: F.run(study, log=log), log)
+        stopped = _run_study(lambda: FR.run(study, log=log), log)
         if stopped:
             return stopped
-    result = analyze_equivalence(study, F.collect(study))
+    result = analyze_equivalence(study, FR.collect(study))
     print(format_equivalence(result))
     if result["interim"]:  # another selection than the declared one: the declared report is not overwritten
         print(f"\n{result['interim']}: nothing written (the report of the declared study is {out}/results.json)")
@@ -162,6 +163,7 @@ def _equivalence(args, log) -> int:
 
 def _footing(args, log) -> int:
     from winpos.experiments import footing as F
+    from winpos.experiments import footing_runs as FR
     from winpos.experiments.footing_analysis import interim_reason
     from winpos.experiments.footing_report import format_footing, plot_finetuned, plot_footing, plot_replication
     from winpos.utils.outputs import atomic_write_json
@@ -183,12 +185,12 @@ def _footing(args, log) -> int:
     study.validate()
     if not args.report_only:
         _hold(out)
-        stopped = _run_study(lambda: F.run(study, log=log, mae_iters=args.mae_iters), log)
+        stopped = _run_study(lambda: FR.run(study, log=log, mae_iters=args.mae_iters), log)
         if stopped:
             return stopped
     if args.archive:
-        F.archive_all(study, log=log, mae_iters=args.mae_iters)
-    data = F.collect(study)
+        FR.archive_all(study, log=log, mae_iters=args.mae_iters)
+    data = FR.collect(study)
     if not any(data[k] for k in ("ap64", "zero_shot", "stage0")):
         from winpos.errors import WinposError
 

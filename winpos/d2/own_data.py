@@ -35,7 +35,7 @@ def dataset_classes(name: str) -> list[str] | None:
         if classes is not None:
             return list(classes)
     if name in _SHAPES:
-        from winpos.data.shapes import SHAPE_CLASSES
+        from winpos.data.scenes import SHAPE_CLASSES
 
         return list(SHAPE_CLASSES)
     if name in _SHAPES_ONE_CLASS:

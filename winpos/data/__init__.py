@@ -3,13 +3,14 @@ with detectron2).
 
 Modules:
 
+    scenes      one shapes image: the objects' polygons, their exact COCO masks, the painted scene
     shapes      the embedded "shapes" dataset: deterministic COCO-format instances that train on a CPU
     coco        checks of a COCO instances json, and its cleaned form for registration
     images      an image file read as the RGB the models see, or refused in one line
 """
 from .coco import DatasetFileNotFoundError, ValidationReport, cleaned_json_file, validate_coco_json
-from .shapes import (SHAPE_CLASSES, Shape, cache_root, compose_scene, ensure_shapes_dataset, generate_shapes,
-                     mask_to_polygons, one_class_json)
+from .scenes import SHAPE_CLASSES, Shape, compose_scene, mask_to_polygons
+from .shapes import cache_root, ensure_shapes_dataset, generate_shapes, one_class_json
 
 __all__ = [
     "SHAPE_CLASSES", "Shape", "compose_scene", "generate_shapes", "ensure_shapes_dataset", "mask_to_polygons",

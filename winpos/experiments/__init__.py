@@ -13,7 +13,8 @@ Modules:
     reproduce             the whole protocol (``winpos-reproduce``)
     demo                  its short form on the embedded default (``winpos-demo``)
     vitdet                the ViTDet half of the reproduction (``winpos-reproduce --vitdet``)
-    footing               the equal-footing study: its specs, runs and collection
+    footing               the equal-footing study: its settings, the spec of every run, its declared views
+    footing_runs          the equal-footing study's runs: started, archived, tidied and collected
     footing_analysis      the equal-footing study's declared tests
     footing_report        the equal-footing study's tables and figure
     equivalence_report    the declared equivalence study's text and figure

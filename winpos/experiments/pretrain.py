@@ -164,7 +164,7 @@ def make_images(spec: PretrainSpec, cache: str | None = None) -> torch.Tensor:
     embedded generator with a seed of their own (the same for every stage-0 run); cached in ``cache`` (.npy)."""
     import os
 
-    from winpos.data.shapes import _random_scene
+    from winpos.data.scenes import _random_scene
 
     if cache and os.path.isfile(cache):
         arr = np.load(cache)
