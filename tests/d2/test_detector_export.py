@@ -20,3 +20,21 @@ def test_detector_by_config_name_exports_and_matches_eager(tmp_path, capsys):
     assert sorted(record["files"]) == [f"{stem}_64x96.onnx", f"{stem}_64x96.pt2", f"{stem}_64x96.ts"]
     assert record["tolerance"] == DETECTOR_TOLERANCE
     assert all(c["max_error"] <= DETECTOR_TOLERANCE for c in record["checks"]) and len(record["checks"]) == 3
+
+
+def test_random_weights_leave_the_configs_init_checkpoint_unread_and_an_explicit_checkpoint_conflicts(tmp_path):
+    """A COCO config names its pretrained trunk in train.init_checkpoint; --random-weights exports the untrained
+    detector without reading it, and only an explicit --checkpoint beside --random-weights is refused."""
+    import pytest
+
+    from winpos.d2.export import build_detector
+    from winpos.errors import WinposError
+
+    require("detectron2")
+    overrides = ["train.init_checkpoint=/nonexistent/pretrained_trunk.pth"]
+    cfg, model = build_detector("shapes/mask_rcnn_vitdet_toy_rope.py", None, overrides, random_weights=True)
+    assert cfg.train.init_checkpoint == "/nonexistent/pretrained_trunk.pth" and not model.training
+    with pytest.raises(WinposError, match="--random-weights and --checkpoint"):
+        build_detector("shapes/mask_rcnn_vitdet_toy_rope.py", str(tmp_path / "w.pth"), [], random_weights=True)
+    with pytest.raises(FileNotFoundError):  # without --random-weights the config's init is what loads
+        build_detector("shapes/mask_rcnn_vitdet_toy_rope.py", None, overrides)

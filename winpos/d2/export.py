@@ -31,19 +31,21 @@ DETECTOR_TOLERANCE = 1e-3
 
 
 def build_detector(config: str, checkpoint: str | None, overrides=(), random_weights: bool = False):
-    """The detector of ``config`` on the CPU in eval mode, with ``checkpoint``'s weights (or, with
-    ``random_weights``, none on purpose); returns ``(cfg, model)``."""
+    """The detector of ``config`` on the CPU in eval mode, with ``checkpoint``'s weights (default: the config's
+    ``train.init_checkpoint``) or, with ``random_weights``, none on purpose (the config's init is not loaded either);
+    returns ``(cfg, model)``."""
     from winpos.d2.checkpoint import WinposCheckpointer, load_init_checkpoint
     from winpos.d2.config import load_config
     from winpos.d2.engine import build_model
 
     cfg = load_config(config, list(overrides) + ["train.device=cpu"])
-    checkpoint = checkpoint or cfg.train.init_checkpoint
+    if checkpoint and random_weights:
+        raise WinposError(f"--random-weights and --checkpoint {checkpoint} were both given; drop one of them")
+    if not random_weights:  # the config's train.init_checkpoint (a COCO config's pretrained trunk) unless untrained
+        checkpoint = checkpoint or cfg.train.init_checkpoint
     if not checkpoint and not random_weights:
         raise WinposError("no weights: pass --checkpoint (or set train.init_checkpoint=...), or --random-weights to "
                           "export the untrained detector on purpose")
-    if checkpoint and random_weights:
-        raise WinposError(f"--random-weights and weights ({checkpoint}) were both given; drop one of them")
     model = build_model(cfg)
     if checkpoint:
         load_init_checkpoint(WinposCheckpointer(model), checkpoint)
