@@ -11,8 +11,8 @@
         An --out holding an earlier report.json or figures is refused unless --force (which removes them first).
 
     winpos-posemb doctor CONFIG_OR_PRESET [CONFIG_OR_PRESET ...] [--image-size N] [--recipe R]
-                                     [--rope-trained-size PX] [--checkpoint CKPT] [--plots DIR] [--force]
-                                     [key=value ...]
+                                     [--rope-trained-size PX] [--checkpoint CKPT] [--plots DIR]
+                                     [--json PATH | --json -] [--force] [key=value ...]
         A target is a LazyConfig .py file (or a config name), a run's output_dir/config.yaml, or a backbone preset
         (presets need no detectron2). Says whether each model interpolates an absolute embedding under window
         attention at that size ([BUG]), which blocks are affected, and the fix (an override or command to paste);
@@ -21,12 +21,16 @@
         ([WARN] where training never showed it). --checkpoint reads the learned RoPE frequencies and relpos table
         lengths of a converted winpos checkpoint of that model. --plots writes one figure per term. Several configs
         or presets run in one process. Exit status 1 when the bug is present in any (a warning alone is 0).
-        Overrides are strict, as in winpos-train.
+        Overrides are strict, as in winpos-train. --json PATH also writes every verdict, finding and number as JSON
+        (schema_version, exit_status, one record per target; an existing file only with --force); --json - prints
+        the JSON on stdout and the text on stderr.
 
 Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0) or a package
 missing here (detectron2 for a config): one "error:" line and exit status 2, which no verdict uses (0 OK, 1 BUG).
 """
 import argparse
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -72,7 +76,11 @@ def build_parser():
                         "frequencies at their initialization)")
     d.add_argument("--plots", default=None, metavar="DIR",
                    help="write one figure per block term and model to DIR (<target>_rope.png, <target>_relpos.png)")
-    d.add_argument("--force", action="store_true", help="replace figures of an earlier run in --plots DIR")
+    d.add_argument("--json", default=None, metavar="PATH",
+                   help="also write each target's verdict, findings and numbers as JSON to PATH (.json), or to "
+                        "stdout with '-' (the text then goes to stderr)")
+    d.add_argument("--force", action="store_true",
+                   help="replace figures of an earlier run in --plots DIR, or an existing --json file")
     return parser
 
 
@@ -86,6 +94,12 @@ def run(argv=None):
         raise WinposError("doctor: no config or preset given; pass e.g. configs/COCO/mask_rcnn_vitdet_b_100ep.py")
     from winpos.diagnostics.doctor import CONFIG_SUFFIXES
 
+    json_stdout = args.json == "-"
+    if args.json and not json_stdout:  # before any work, as every output
+        from winpos.utils.outputs import check_output_file
+
+        inputs = [t for t in targets if os.path.isfile(t)] + ([args.checkpoint] if args.checkpoint else [])
+        check_output_file(args.json, inputs=inputs, force=args.force, flag="--json", suffixes=(".json",))
     if any(t.endswith(CONFIG_SUFFIXES) for t in targets):
         from winpos.d2.doctor import diagnose_many  # a config is loaded with detectron2's LazyConfig
     else:  # presets only: no detectron2 needed
@@ -102,19 +116,32 @@ def run(argv=None):
 
         planned = [name for target, report, _ in results if report for name in figure_names(report, stems[target])]
         check_output_dir(args.plots, planned=planned, force=args.force, flag="--plots")
+    text = sys.stderr if json_stdout else sys.stdout  # stdout carries only the JSON with --json -
     bug = errors = 0
     for target, report, error in results:
         if error:
             print(f"error: {error}", file=sys.stderr)
             errors += 1
             continue
-        print(report.text(), flush=True)
+        print(report.text(), file=text, flush=True)
         bug += not report.ok
         if args.plots:
             title = f"{report.target} at {report.image_size} px"
             for path in plot_terms(report.terms, args.plots, stems[target], title=title, doctor=report):
-                print(f"  wrote {path}")
-    return EXIT_USAGE if errors else (1 if bug else 0)
+                print(f"  wrote {path}", file=text)
+    status = EXIT_USAGE if errors else (1 if bug else 0)
+    if args.json:
+        from winpos.diagnostics.doctor import doctor_json
+
+        document = doctor_json(results, status)
+        if json_stdout:
+            print(json.dumps(document, indent=1, allow_nan=False), flush=True)
+        else:
+            from winpos.utils.outputs import atomic_write_json
+
+            atomic_write_json(args.json, document, allow_nan=False)
+            print(f"wrote {args.json}")
+    return status
 
 
 def _plot(args):

@@ -25,8 +25,8 @@ import torch
 from winpos.errors import WinposError, as_hw
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
-__all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "DoctorReport", "fix_text",
-           "keeps_block_terms", "load_state", "window_padding"]
+__all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "doctor_json", "DoctorReport",
+           "fix_text", "JSON_SCHEMA_VERSION", "keeps_block_terms", "load_state", "window_padding"]
 
 
 @dataclass
@@ -49,9 +49,25 @@ class DoctorReport:
         """A block term sees what training never showed it (not a bug: exit status 0)."""
         return any(t.level == "WARN" for t in self.terms)
 
+    @property
+    def verdict(self) -> str:
+        """``"BUG"`` (exit status 1), ``"WARN"`` or ``"OK"`` (both exit status 0): the first line's bracket."""
+        return "BUG" if not self.ok else "WARN" if self.warn else "OK"
+
+    def to_dict(self) -> dict:
+        """The report as plain JSON values: what ``text`` prints, with each block term's numbers
+        (``TermReport.to_dict``); grids are ``[h, w]`` token counts, ``pretrain_grid`` None without an absolute
+        embedding, ``fix`` one line per step without the printed indent ("" when there is no bug)."""
+        return {"target": self.target, "image_size": int(self.image_size), "verdict": self.verdict,
+                "embedding": self.embedding, "grid": [int(g) for g in self.grid],
+                "pretrain_grid": None if self.pretrain_grid is None else [int(g) for g in self.pretrain_grid],
+                "affected_blocks": [int(i) for i in self.affected_blocks],
+                "window_sizes": [int(w) for w in self.window_sizes], "lines": list(self.lines),
+                "fix": "\n".join(line.strip() for line in self.fix.splitlines()),
+                "padding": list(self.padding), "terms": [t.to_dict() for t in self.terms]}
+
     def text(self) -> str:
-        head = "BUG" if not self.ok else "WARN" if self.warn else "OK"
-        out = [f"[{head}] {self.target} at {self.image_size} px: {self.embedding}"] + [f"  {ln}" for ln in self.lines]
+        out = [f"[{self.verdict}] {self.target} at {self.image_size} px: {self.embedding}"] + [f"  {ln}" for ln in self.lines]
         if self.fix:
             out.append(f"  fix: {self.fix}")
         for term in self.terms:  # each: a [LEVEL] header, then its findings
@@ -283,6 +299,18 @@ def diagnose_presets(presets, image_size: int | None = None, recipe: str | None 
     needs no detectron2 (``winpos.d2.doctor.diagnose_many`` takes configs too)."""
     return diagnose_each(lambda preset: diagnose_preset(preset, image_size, recipe or "original", overrides,
                                                         trained_size, checkpoint), presets)
+
+
+JSON_SCHEMA_VERSION = 1  # of doctor_json's document; raised when a field changes meaning or goes away
+
+
+def doctor_json(results, exit_status: int) -> dict:
+    """The document ``winpos-posemb doctor --json`` writes for ``results`` (``diagnose_each``'s ``(target, report,
+    error)``): the schema version, the command's exit status, one record per report (``argument``: the target as
+    given, then ``DoctorReport.to_dict``) and one per target that could not be checked (``argument``, ``error``)."""
+    return {"schema_version": JSON_SCHEMA_VERSION, "exit_status": int(exit_status),
+            "reports": [{"argument": target, **report.to_dict()} for target, report, _ in results if report],
+            "errors": [{"argument": target, "error": error} for target, report, error in results if not report]}
 
 
 def check_image_size(image_size, flag: str = "--image-size") -> None:

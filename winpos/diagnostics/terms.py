@@ -115,7 +115,8 @@ class TermReport:
         the offsets reach against the trained ones, per the farther axis), ``step_ratio`` (y, x: < 1 compressed,
         > 1 stretched), the slots meeting unseen angles and how much further they turn, the largest angle range and
         per-token step (radians), the aliased slots. relpos: the stored and used table lengths and the stretch.
-        LookHere: the farthest key distance now and trained (tokens), their ratio, the weakest and strongest slope."""
+        LookHere: the farthest key distance now and trained (tokens), their ratio, the weakest and strongest head's
+        slope (logits per token of distance)."""
         if self.term == "RoPE" and self.data:
             return _rope_summary(self.data)
         if self.term == "relpos" and self.data:
@@ -124,7 +125,7 @@ class TermReport:
             far, trained = float(self.data["max_distance"]), float(self.data["trained_max_distance"])
             return {"max_distance": _number(far), "trained_max_distance": _number(trained),
                     "distance_ratio": _number(far / trained) if trained else None,
-                    "slopes": [_number(v) for v in self.data["slopes"]]}
+                    "min_slope": _number(self.data["slopes"][0]), "max_slope": _number(self.data["slopes"][1])}
         return None
 
 
