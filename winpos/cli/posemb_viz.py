@@ -25,8 +25,9 @@
         (schema_version, exit_status, one record per target; an existing file only with --force); --json - prints
         the JSON on stdout and the text on stderr.
 
-Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0) or a package
-missing here (detectron2 for a config): one "error:" line and exit status 2, which no verdict uses (0 OK, 1 BUG).
+Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0), a package
+missing here (detectron2 for a config) or a --json file that cannot be written (a full disk): one "error:" line and
+exit status 2, which no verdict uses (0 OK, 1 BUG).
 """
 import argparse
 import json
@@ -35,7 +36,7 @@ import sys
 from pathlib import Path
 
 from winpos.errors import EXIT_USAGE, WinposError
-from winpos.utils.cli import ArgumentParser, int_list, positive_int, run_cli
+from winpos.utils.cli import EXIT_ENVIRONMENT, ArgumentParser, error_line, int_list, positive_int, run_cli
 
 
 def build_parser():
@@ -139,7 +140,11 @@ def run(argv=None):
         else:
             from winpos.utils.outputs import atomic_write_json
 
-            atomic_write_json(args.json, document, allow_nan=False)
+            try:
+                atomic_write_json(args.json, document, allow_nan=False)
+            except OSError as e:  # a full disk is the environment's: 2, never the 1 of a [BUG] verdict
+                print(f"error: {error_line(e)}", file=sys.stderr)
+                return EXIT_ENVIRONMENT
             print(f"wrote {args.json}")
     return status
 
