@@ -26,8 +26,8 @@
         the JSON on stdout and the text on stderr.
 
 Bad input (a file that is not a checkpoint or config, an override that names no key, --image-size 0), a package
-missing here (detectron2 for a config) or a --json file that cannot be written (a full disk): one "error:" line and
-exit status 2, which no verdict uses (0 OK, 1 BUG).
+missing here (detectron2 for a config) or a --json file or figure that cannot be written (a full disk): one "error:"
+line and exit status 2, which no verdict uses (0 OK, 1 BUG).
 """
 import argparse
 import json
@@ -36,7 +36,8 @@ import sys
 from pathlib import Path
 
 from winpos.errors import EXIT_USAGE, WinposError
-from winpos.utils.cli import EXIT_ENVIRONMENT, ArgumentParser, error_line, int_list, positive_int, run_cli
+from winpos.utils.cli import (EXIT_ENVIRONMENT, USAGE_ERRORS, ArgumentParser, error_line, int_list, positive_int,
+                              run_cli)
 
 
 def build_parser():
@@ -89,6 +90,17 @@ def run(argv=None):
     args = build_parser().parse_args(argv)
     if args.cmd == "plot":
         return _plot(args)
+    try:
+        return _doctor(args)
+    except USAGE_ERRORS:
+        raise  # bad input: run_cli's one line and exit status 2
+    except OSError as e:  # a full disk while writing the figures or the JSON: 2, never the 1 of a [BUG] verdict
+        sys.stdout.flush()
+        print(f"error: {error_line(e)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+
+
+def _doctor(args):
     targets = [t for t in args.targets if "=" not in t]
     overrides = [t for t in args.targets if "=" in t]
     if not targets:
@@ -140,11 +152,7 @@ def run(argv=None):
         else:
             from winpos.utils.outputs import atomic_write_json
 
-            try:
-                atomic_write_json(args.json, document, allow_nan=False)
-            except OSError as e:  # a full disk is the environment's: 2, never the 1 of a [BUG] verdict
-                print(f"error: {error_line(e)}", file=sys.stderr)
-                return EXIT_ENVIRONMENT
+            atomic_write_json(args.json, document, allow_nan=False)
             print(f"wrote {args.json}")
     return status
 
