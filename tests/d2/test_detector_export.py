@@ -38,3 +38,22 @@ def test_random_weights_leave_the_configs_init_checkpoint_unread_and_an_explicit
         build_detector("shapes/mask_rcnn_vitdet_toy_rope.py", str(tmp_path / "w.pth"), [], random_weights=True)
     with pytest.raises(FileNotFoundError):  # without --random-weights the config's init is what loads
         build_detector("shapes/mask_rcnn_vitdet_toy_rope.py", None, overrides)
+
+
+def test_eval_only_random_weights_clears_the_configs_init_and_refuses_an_explicit_one():
+    """winpos-train --eval-only --random-weights on a config that names a pretrained trunk: the trunk is not
+    loaded (the config then says so); the same path given as an override beside --random-weights is refused."""
+    import pytest
+
+    from winpos.d2.config import load_config
+    from winpos.d2.engine import check_weights
+    from winpos.errors import WinposError
+
+    require("detectron2")
+    cfg = load_config("shapes/mask_rcnn_vitdet_toy_rope.py", [])
+    cfg.train.init_checkpoint = "pretrained_trunk.pth"  # as a COCO config ships it
+    check_weights(cfg, eval_only=True, random_weights=True, overrides=[])
+    assert cfg.train.init_checkpoint == ""
+    cfg.train.init_checkpoint = "mine.pth"
+    with pytest.raises(WinposError, match="were both given"):
+        check_weights(cfg, eval_only=True, random_weights=True, overrides=["train.init_checkpoint=mine.pth"])

@@ -116,19 +116,24 @@ def setup(args):
     check_dataset_content(cfg, which)  # RLE masks: bitmask; a mask model on data without masks: refused
     cfg.train.device = resolve_device(cfg)
     check_weights(cfg, eval_only=getattr(args, "eval_only", False),
-                  random_weights=getattr(args, "random_weights", False))
+                  random_weights=getattr(args, "random_weights", False), overrides=args.opts)
     _default_setup(cfg, args)
     return cfg
 
 
-def check_weights(cfg, eval_only: bool, random_weights: bool = False) -> None:
-    """An evaluation without weights measures an untrained model: refuse it unless ``random_weights``."""
+def check_weights(cfg, eval_only: bool, random_weights: bool = False, overrides=()) -> None:
+    """An evaluation without weights measures an untrained model: refuse it unless ``random_weights``. With
+    ``random_weights`` the config's own ``train.init_checkpoint`` (a COCO config's pretrained trunk) is cleared, so
+    nothing is loaded and the saved config says so; one given in ``overrides`` as well is refused."""
     checkpoint = OmegaConf.select(cfg, "train.init_checkpoint", default="")
     if eval_only and not checkpoint and not random_weights:
         raise WinposError("--eval-only without weights: set train.init_checkpoint=PATH (e.g. output_dir/"
                           "model_final.pth), or pass --random-weights to evaluate the untrained model on purpose")
     if random_weights and checkpoint:
-        raise WinposError(f"--random-weights and train.init_checkpoint={checkpoint} were both given; drop one")
+        if any(str(o).lstrip("+").startswith("train.init_checkpoint=") for o in overrides or ()):
+            raise WinposError(f"--random-weights and train.init_checkpoint={checkpoint} were both given; drop one")
+        logger.info(f"--random-weights: the config's train.init_checkpoint ({checkpoint}) is not loaded")
+        cfg.train.init_checkpoint = ""
 
 
 def seed_process(cfg) -> int | None:
