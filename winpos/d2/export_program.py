@@ -174,7 +174,7 @@ class ExportableRCNN(nn.Module):
             scores_i, top = logits_i.topk(k)
             level_boxes.append(boxes_i[top])
             level_scores.append(scores_i)
-            level_ids.append(torch.full((k,), i, dtype=torch.int64))
+            level_ids.append(torch.full((k,), i, dtype=torch.int64, device=logits_i.device))
         boxes, scores, ids = torch.cat(level_boxes), torch.cat(level_scores), torch.cat(level_ids)
         finite = torch.nonzero(torch.isfinite(boxes).all(dim=1) & torch.isfinite(scores)).squeeze(1)
         boxes, scores, ids = _clip(boxes[finite], h, w), scores[finite], ids[finite]
@@ -227,4 +227,4 @@ class ExportableRCNN(nn.Module):
         logits = heads.mask_head.layers(_pool(heads.mask_pooler, maps, boxes))
         if logits.shape[1] == 1:
             return logits.sigmoid()
-        return logits[torch.arange(logits.shape[0]), classes][:, None].sigmoid()
+        return logits[torch.arange(logits.shape[0], device=logits.device), classes][:, None].sigmoid()
