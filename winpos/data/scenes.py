@@ -20,8 +20,8 @@ from PIL import Image
 from pycocotools import mask as mask_utils
 from winpos.errors import WinposError
 
-__all__ = ["SHAPE_CLASSES", "TEXTURES", "compose_scene", "mask_to_polygons", "rasterize_polygons", "Shape",
-           "shape_polygon"]
+__all__ = ["SHAPE_CLASSES", "TEXTURES", "compose_scene", "mask_to_polygons", "random_scene", "rasterize_polygons",
+           "scene_hw", "Shape", "shape_polygon"]
 
 SHAPE_CLASSES: tuple[str, ...] = ("circle", "square", "triangle", "star")
 TEXTURES: tuple[str, ...] = ("solid", "gradient", "stripes")
@@ -210,7 +210,7 @@ def compose_scene(shapes: list[Shape], image_size=256, rng: np.random.Generator 
     visible pixels or less than ``min_visible`` of its in-image pixels visible. ``rng`` draws the background
     and textures (default: seed 0).
     """
-    h, w = _as_hw(image_size)
+    h, w = scene_hw(image_size)
     rng = np.random.default_rng(0) if rng is None else rng
     canvas = _background(rng, h, w)
     polys = [shape_polygon(s) for s in shapes]
@@ -234,7 +234,7 @@ def _sample_size(rng: np.random.Generator, short_side: int) -> float:
     return math.exp(rng.uniform(math.log(lo), math.log(hi)))
 
 
-def _random_scene(rng: np.random.Generator, h: int, w: int, n_objects: int,
+def random_scene(rng: np.random.Generator, h: int, w: int, n_objects: int,
                   object_side: int | None = None) -> tuple[np.ndarray, list[dict]]:
     """Sample and paint ``n_objects`` shapes, sized as for an image of short side ``object_side`` (default: this
     image's). A placement that would hide more than 65% of an earlier object, or that lies mostly outside the
@@ -270,7 +270,8 @@ def _random_scene(rng: np.random.Generator, h: int, w: int, n_objects: int,
     return np.clip(np.round(canvas), 0, 255).astype(np.uint8), [a for a in anns if a is not None]
 
 
-def _as_hw(image_size) -> tuple[int, int]:
+def scene_hw(image_size) -> tuple[int, int]:
+    """``image_size`` (an int or an ``(H, W)`` pair) as ``(H, W)``, each at least 32 px (the smallest shapes)."""
     hw = (image_size, image_size) if isinstance(image_size, int) else tuple(int(v) for v in image_size)
     if len(hw) != 2 or min(hw) < 32:
         raise WinposError(f"image_size={image_size!r} must be an int or (height, width) pair, each >= 32 px; "

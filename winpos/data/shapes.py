@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from winpos.data.scenes import SHAPE_CLASSES, _as_hw, _random_scene
+from winpos.data.scenes import SHAPE_CLASSES, scene_hw, random_scene
 from winpos.errors import WinposError
 
 __all__ = ["cache_root", "ensure_shapes_dataset", "generate_shapes", "one_class_json", "shapes_val_dir"]
@@ -38,7 +38,7 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
     (seed, split, i), so a larger ``num_images`` extends a smaller set, and the same arguments give
     byte-identical files.
     """
-    h, w = _as_hw(image_size)
+    h, w = scene_hw(image_size)
     if not split or any(c in split for c in "/\\") or split.startswith("."):
         raise WinposError(f"split={split!r} must be a plain folder name such as 'train' or 'val'")
     if num_images < 1:
@@ -61,7 +61,7 @@ def generate_shapes(root: str | Path, split: str, num_images: int, image_size=25
     images, annotations = [], []
     for i in range(num_images):
         rng = np.random.default_rng([seed, zlib.crc32(split.encode()), i])
-        image, anns = _random_scene(rng, h, w, int(rng.integers(min_objects, max_objects + 1)), object_side)
+        image, anns = random_scene(rng, h, w, int(rng.integers(min_objects, max_objects + 1)), object_side)
         file_name = f"{i:06d}.png"
         # noisy pixels barely compress; ensure_shapes_dataset stages a whole dataset and renames it into place
         Image.fromarray(image).save(root / split / file_name, compress_level=1)  # output-policy: split checked above
@@ -152,7 +152,7 @@ def _split_plan(root=None, train_images: int = 600, val_images: int = 100, image
     """``{split: (folder, params, {split: (images, seed)})}`` of ``ensure_shapes_dataset``'s arguments: one folder
     for both splits without ``val_seed``, one per split with it."""
     params = {"version": _VERSION, "train_images": train_images, "val_images": val_images,
-              "image_size": list(_as_hw(image_size)), "seed": seed, "min_objects": min_objects,
+              "image_size": list(scene_hw(image_size)), "seed": seed, "min_objects": min_objects,
               "max_objects": max_objects}
     if object_side is not None:  # only when set, so the default datasets keep their cache key
         params["object_side"] = object_side

@@ -164,14 +164,14 @@ def make_images(spec: PretrainSpec, cache: str | None = None) -> torch.Tensor:
     embedded generator with a seed of their own (the same for every stage-0 run); cached in ``cache`` (.npy)."""
     import os
 
-    from winpos.data.scenes import _random_scene
+    from winpos.data.scenes import random_scene
 
     if cache and os.path.isfile(cache):
         arr = np.load(cache)
         if arr.shape == (spec.images, spec.image_size, spec.image_size, 3):
             return torch.from_numpy(arr)
     rng = np.random.default_rng(12345)
-    arr = np.stack([_random_scene(rng, spec.image_size, spec.image_size, int(rng.integers(1, 7)))[0]
+    arr = np.stack([random_scene(rng, spec.image_size, spec.image_size, int(rng.integers(1, 7)))[0]
                     for _ in range(spec.images)])
     if cache:
         from winpos.utils.outputs import atomic_write
