@@ -11,7 +11,7 @@ from detectron2.modeling import SimpleFeaturePyramid
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
 from winpos.d2 import HieraDetBackbone, ViTDetBackbone
-from winpos.d2.checkpoint import RNGState, WinposCheckpointer, load_init_checkpoint, split_checkpoint_url
+from winpos.d2.checkpoint import RNGState, WinposCheckpointer, checkpoint_flags, load_init_checkpoint
 
 
 class Detector(torch.nn.Module):
@@ -147,9 +147,10 @@ def test_init_hieradet_and_errors(tmp_path):
         load_init_checkpoint(WinposCheckpointer(make()), str(tmp_path / "junk.pth"))
     with pytest.raises(FileNotFoundError):
         load_init_checkpoint(WinposCheckpointer(make()), str(tmp_path / "missing.pth"))
-    assert split_checkpoint_url("a/b.pth?matching_heuristics=True") == ("a/b.pth", True)
+    assert checkpoint_flags("a/b.pth?matching_heuristics=True") == (
+        "a/b.pth", {"matching_heuristics": True, "allow_loss": False})
     with pytest.raises(ValueError, match="unsupported query"):
-        split_checkpoint_url("a/b.pth?foo=1")
+        checkpoint_flags("a/b.pth?foo=1")
 
 
 def test_a_partial_backbone_checkpoint_is_refused_unless_the_path_accepts_the_loss(tmp_path):
@@ -175,8 +176,6 @@ def test_a_partial_backbone_checkpoint_is_refused_unless_the_path_accepts_the_lo
     ("a/b.pth?strict=True", "unsupported query"),
 ])
 def test_checkpoint_path_flags_are_checked(path, message):
-    from winpos.d2.checkpoint import checkpoint_flags
-
     with pytest.raises(ValueError, match=message):
         checkpoint_flags(path)
     assert checkpoint_flags("a/b.pth?allow_loss=True&matching_heuristics=true") == (

@@ -35,9 +35,8 @@ import os
 import sys
 from pathlib import Path
 
-from winpos.errors import EXIT_USAGE, WinposError
-from winpos.utils.cli import (EXIT_ENVIRONMENT, USAGE_ERRORS, ArgumentParser, error_line, int_list, positive_int,
-                              run_cli)
+from winpos.errors import EXIT_FAILED, EXIT_USAGE, WinposError
+from winpos.utils.cli import EXIT_ENVIRONMENT, ArgumentParser, int_list, positive_int, run_cli
 
 
 def build_parser():
@@ -90,14 +89,7 @@ def run(argv=None):
     args = build_parser().parse_args(argv)
     if args.cmd == "plot":
         return _plot(args)
-    try:
-        return _doctor(args)
-    except USAGE_ERRORS:
-        raise  # bad input: run_cli's one line and exit status 2
-    except OSError as e:  # a full disk while writing the figures or the JSON: 2, never the 1 of a [BUG] verdict
-        sys.stdout.flush()
-        print(f"error: {error_line(e)}", file=sys.stderr)
-        return EXIT_ENVIRONMENT
+    return _doctor(args)
 
 
 def _doctor(args):
@@ -180,8 +172,10 @@ def _plot(args):
 
 
 def main(argv=None) -> int:
-    """The command: ``run`` with bad input turned into one ``error:`` line and exit status 2."""
-    return run_cli(run, argv)
+    """The command: ``run`` with bad input turned into one ``error:`` line and exit status 2; for ``doctor`` a write
+    that fails (a full disk) too, since its 1 is the [BUG] verdict, which no failure may share."""
+    doctor = list(sys.argv[1:] if argv is None else argv)[:1] == ["doctor"]  # the subcommand comes first
+    return run_cli(run, argv, failed_status=EXIT_ENVIRONMENT if doctor else EXIT_FAILED)
 
 
 if __name__ == "__main__":

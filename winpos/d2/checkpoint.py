@@ -33,7 +33,7 @@ from winpos.checkpoints.io import check_finite_state_dict, load_checkpoint_objec
 from winpos.errors import MissingInputError, WinposError
 from winpos.utils.outputs import atomic_write, remove_stale_temps
 
-__all__ = ["WinposCheckpointer", "RNGState", "CaptureRNG", "checkpoint_flags", "load_init_checkpoint", "split_checkpoint_url"]
+__all__ = ["WinposCheckpointer", "RNGState", "CaptureRNG", "checkpoint_flags", "load_init_checkpoint"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,13 +58,6 @@ def checkpoint_flags(path: str) -> tuple[str, dict[str, bool]]:
             raise WinposError(f"{key}={values[-1]!r} in checkpoint path {path!r} is neither True nor False")
         flags[key] = values[-1].lower() == "true"
     return parsed._replace(query="").geturl(), flags
-
-
-def split_checkpoint_url(path: str) -> tuple[str, bool]:
-    """``"file.pth?matching_heuristics=True"`` -> ``("file.pth", True)`` (``checkpoint_flags``' path and
-    ``matching_heuristics``)."""
-    local, flags = checkpoint_flags(path)
-    return local, flags["matching_heuristics"]
 
 
 def _normalize(obj, path) -> dict:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from winpos.errors import WinposError, as_hw
+from winpos.diagnostics.terms import block_grids, token_stride
 from winpos.posemb.abswin import AbsPosEmbed, AbsWinPosEmbed
 
 __all__ = ["build_checked", "check_image_size", "diagnose_backbone", "diagnose_preset", "doctor_json", "DoctorReport",
@@ -76,10 +77,6 @@ class DoctorReport:
         return "\n".join(out)
 
 
-def _stride(net) -> int:
-    return getattr(net, "patch_size", None) or net.strides[0]
-
-
 def _window_blocks(net) -> list[tuple[int, int]]:
     return [(i, blk.attn.window_size) for i, blk in enumerate(net.blocks) if blk.attn.window_size]
 
@@ -89,14 +86,10 @@ def window_padding(net, image_size: int) -> list[str]:
     window blocks: the padded grid, the share of extra tokens the attention computes on (the blocks pad before
     partitioning and crop after, so only attention pays), and the nearest window sizes that tile the grid exactly.
     A pooling block hands the next blocks a grid halved (rounded up), as in the model."""
-    grid = -(-image_size // _stride(net))
     groups: dict = {}
-    for i, blk in enumerate(net.blocks):
-        ws = blk.attn.window_size
-        if ws:
-            groups.setdefault((grid, ws), []).append(i)
-        if blk.attn.q_stride > 1:
-            grid = -(-grid // blk.attn.q_stride)
+    for i, (blk, grid) in enumerate(zip(net.blocks, block_grids(net, image_size))):
+        if blk.attn.window_size:
+            groups.setdefault((grid, blk.attn.window_size), []).append(i)
     lines = []
     for (g, ws), blocks in groups.items():
         where = f"blocks {_ranges(blocks)}: {g}x{g} tokens"
@@ -190,7 +183,7 @@ def load_state(checkpoint):
 
 
 def _embedding_report(net, image_size: int, name: str, fix: str | None) -> DoctorReport:
-    stride = _stride(net)
+    stride = token_stride(net)
     grid = (-(-image_size // stride),) * 2
     windows = _window_blocks(net)
     pe = net.pos_embed

@@ -44,8 +44,9 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["BlockGroup", "RopeRange", "TermReport", "block_groups", "block_position_state", "lookhere_report",
-           "position_terms", "relpos_report", "rope_range", "rope_report", "trained_image_px"]
+__all__ = ["BlockGroup", "RopeRange", "TermReport", "block_grids", "block_groups", "block_position_state",
+           "lookhere_report", "position_terms", "relpos_report", "rope_range", "rope_report", "token_stride",
+           "trained_image_px"]
 
 TOL = 1e-4  # relative tolerance on positions and angles (float32 tables)
 HALF_TURN = math.pi
@@ -310,9 +311,25 @@ def lookhere_report(modules, group: BlockGroup, reference_note: str) -> TermRepo
     return rep
 
 
+def token_stride(net) -> int:
+    """Pixels per token of a ViTDet (its patch size) or a HieraDet (its first stage's stride)."""
+    return getattr(net, "patch_size", None) or net.strides[0]
+
+
+def block_grids(net, image_size: int) -> list[int]:
+    """The side of the square token grid each block of ``net`` takes at a square ``image_size``: a pooling block
+    (``q_stride`` > 1) hands the next ones its grid divided by its stride, rounded up, as in the model."""
+    grid, grids = -(-image_size // token_stride(net)), []
+    for blk in net.blocks:
+        grids.append(grid)
+        if blk.attn.q_stride > 1:
+            grid = -(-grid // blk.attn.q_stride)
+    return grids
+
+
 def trained_image_px(net) -> tuple[int, str]:
     """The image size (px) the block terms are compared against by default, and where it comes from."""
-    stride = getattr(net, "patch_size", None) or net.strides[0]
+    stride = token_stride(net)
     pre = getattr(net, "pretrain_hw", None)
     if pre is not None:
         return int(max(pre)) * stride, "pretrain_img_size"
@@ -326,22 +343,18 @@ def block_groups(net, image_size: int, trained_px: int, same_layout: bool = Fals
     """The blocks with a RoPE, relpos or LookHere term, grouped by (term, kind, extent), at ``image_size`` px. The
     trained extent of a RoPE or LookHere group is the whole grid at ``trained_px`` (global attention, as their
     pretraining), or with ``same_layout`` the group's own extent at ``trained_px`` (its window, or the grid there)."""
-    stride = getattr(net, "patch_size", None) or net.strides[0]
-    grid = (-(-image_size // stride),) * 2
-    ref = (-(-trained_px // stride),) * 2
     groups: dict = {}
-    for i, blk in enumerate(net.blocks):
+    grids = zip(block_grids(net, image_size), block_grids(net, trained_px))
+    for i, (blk, (side, ref_side)) in enumerate(zip(net.blocks, grids)):
         attn = blk.attn
         term = attn.position.kind
         if term in ("rope", "relpos", "lookhere"):
+            grid, ref = (side, side), (ref_side, ref_side)
             ws = attn.window_size
             kind = "window" if ws else "global"
             extent = (ws, ws) if ws else grid
             trained = ((ws, ws) if ws and same_layout else ref) if term != "relpos" else extent
             groups.setdefault((term, kind, extent, trained, grid), []).append(i)
-        if attn.q_stride > 1:  # a pooling block hands a halved grid to the next one
-            grid = tuple(-(-g // attn.q_stride) for g in grid)
-            ref = tuple(-(-g // attn.q_stride) for g in ref)
     return [BlockGroup(kind, term, blocks, extent, trained, grid)
             for (term, kind, extent, trained, grid), blocks in groups.items()]
 

@@ -97,12 +97,13 @@ def error_line(e: BaseException) -> str:
     return one_line(text)
 
 
-def run_cli(main: Callable[..., int | None], argv=None) -> int:
+def run_cli(main: Callable[..., int | None], argv=None, failed_status: int = EXIT_FAILED) -> int:
     """Run a tool's ``main(argv)`` and turn errors into one line on stderr and an exit status.
 
     ``WinposError`` (every check of winpos raises it) and missing or unusable paths are bad input:
-    ``EXIT_USAGE`` (2). Any other ``OSError`` (disk full, file size limit) happened while working: ``EXIT_FAILED``
-    (1). Ctrl-C is one ``interrupted:`` line and ``EXIT_INTERRUPTED`` (130): every output is published only once it
+    ``EXIT_USAGE`` (2). Any other ``OSError`` (disk full, file size limit) happened while working:
+    ``failed_status`` (``EXIT_FAILED``, 1; a command whose 1 is a verdict, the doctor's [BUG], passes
+    ``EXIT_ENVIRONMENT``). Ctrl-C is one ``interrupted:`` line and ``EXIT_INTERRUPTED`` (130): every output is published only once it
     is complete, so what an interrupted command was writing is absent and the earlier files are as they were. Any
     other exception is a bug and keeps its traceback. The returned status of ``main`` (None meaning 0) is passed
     through otherwise.
@@ -124,7 +125,7 @@ def run_cli(main: Callable[..., int | None], argv=None) -> int:
         return EXIT_USAGE
     except OSError as e:
         _print_error(e)
-        return EXIT_FAILED
+        return failed_status
     except KeyboardInterrupt:
         sys.stdout.flush()
         print("\ninterrupted (Ctrl-C): nothing it was writing was published and earlier outputs are unchanged; run "
