@@ -29,6 +29,15 @@ pipelines 6-11, once any of its runs has finished), <output>/footing_curves.png,
 ``--archive DIR`` every finished run's sealed result is also kept in DIR (winpos.experiments.archive), runs already
 there are not made again unless a later run needs their weights, and the report reads them: the study can be
 spread over sessions that do not keep <output>.
+
+The mixed-precision study (``winpos.experiments.precision``; declared in docs/precision.md):
+
+    winpos-reproduce --precision [--output output/precision] [--seeds 0,1,2,3,4] [--finetune-iters 150]
+        [--precisions fp32,bf16,fp16] [--workers 1] [--report-only]
+
+evaluates the shipped demo detector in float32, bf16 and fp16 autocast at 1x and 1.25x its grid, finetunes it at
+1.25x in each precision with the same seeds (evaluated in float32) and reports each precision - fp32 with its
+95% interval, sign-flip p and TOST within +-1 box AP; writes <output>/summary.json and <output>/precision.png.
 """
 import sys
 from pathlib import Path
@@ -161,6 +170,32 @@ def _equivalence(args, log) -> int:
     return 0
 
 
+def _precision(args, log) -> int:
+    """The declared mixed-precision study (``winpos.experiments.precision``; docs/precision.md)."""
+    from winpos.experiments import precision as P
+    from winpos.model_zoo import demo_checkpoint
+
+    out = Path(args.output if args.output != "output/reproduce" else "output/precision")
+    if args.report_only:
+        summary = P.load_summary(out)
+    else:
+        checkpoint = str(demo_checkpoint())
+        summary = {}
+
+        def go():
+            summary.update(P.run_precision(args.config, checkpoint, str(Path(checkpoint).with_suffix(".json")), out,
+                                           iters=args.finetune_iters, seeds=tuple(args.seeds),
+                                           precisions=tuple(args.precisions), workers=args.workers,
+                                           threads=args.threads, lr=args.finetune_lr, log=log))
+
+        stopped = _run_study(go, log)
+        if stopped:
+            return stopped
+    print(P.format_precision(summary))
+    print(f"\nplot: {out}/precision.png; every number: {out}/summary.json")
+    return 0
+
+
 def _footing(args, log) -> int:
     from winpos.experiments import footing as F
     from winpos.experiments import footing_runs as FR
@@ -234,6 +269,11 @@ def run(argv=None):
                         "1.25x over pipelines 12-35, stage 1 at 2000 iterations, an evaluation set of each "
                         "pipeline's own, TOST at +-0.25 box AP; docs/equal_footing.md); default output "
                         "output/equivalence, needs --archive")
+    p.add_argument("--precision", action="store_true",
+                   help="the mixed-precision study instead (the shipped demo detector evaluated and finetuned in "
+                        "fp32, bf16 and fp16 autocast; docs/precision.md); default output output/precision")
+    p.add_argument("--precisions", type=_names, default=("fp32", "bf16", "fp16"),
+                   help="--precision: the precisions, fp32 first (default: fp32,bf16,fp16)")
     p.add_argument("--pipelines", type=seed_list, default=None, help="equal footing: pipelines (default 0-5); "
                    "fewer than declared give an interim report that writes nothing")
     p.add_argument("--encodings", type=_names, default=None,
@@ -294,6 +334,8 @@ def run(argv=None):
     log = lambda m: print(f"[reproduce] {m}", flush=True)  # noqa: E731
     if args.equivalence:
         return _equivalence(args, log)
+    if args.precision:
+        return _precision(args, log)
     if args.equal_footing:
         if args.seeds == [0, 1, 2, 3, 4]:  # the finetuning seeds of the equal-footing study: 0, 1, 2
             args.seeds = [0, 1, 2]

@@ -45,7 +45,7 @@ from winpos.d2.hooks import FinalEvalHook, ResumableWriter, StopWhenAsked, trim_
 from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_earlier_config, lock_run_dir,
                                read_final_results, write_final_results)
 from winpos.d2.startup import check_schedule, plan_of, start_up_block
-from winpos.d2.train_loop import WinposTrainer
+from winpos.d2.train_loop import WinposTrainer, eval_autocast
 from winpos.errors import WinposError
 from winpos.utils.output_folders import claim_output_dir, finish_output_dir, refuse_links
 from winpos.utils.outputs import atomic_write
@@ -282,10 +282,7 @@ def do_test(cfg, model, progress: bool = False) -> dict:
         from tqdm import tqdm
 
         loader = tqdm(loader, desc="inference", total=len(loader))
-    amp = bool(OmegaConf.select(cfg, "train.amp.eval", default=False))
-    device_type = cfg.train.device.split(":")[0]
-    dtype = torch.float16 if OmegaConf.select(cfg, "train.amp.precision", default="bf16") == "fp16" else torch.bfloat16
-    with torch.autocast(device_type, dtype=dtype, enabled=amp):
+    with eval_autocast(cfg):
         results = inference_on_dataset(model, loader, evaluator)
     if comm.is_main_process() and results:
         print_csv_format(results)

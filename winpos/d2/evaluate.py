@@ -104,13 +104,17 @@ def _loader_and_evaluator(cfg, output_dir):
 
 
 def evaluate(cfg, model, output_dir=None, progress: bool = True) -> dict:
-    """Run the test set of ``cfg`` through ``model``; returns ``{"bbox": {"AP": ..., "APs": ...}, "segm": ...}``."""
+    """Run the test set of ``cfg`` through ``model``; returns ``{"bbox": {"AP": ..., "APs": ...}, "segm": ...}``.
+    With ``train.amp.eval`` the model runs under autocast in ``train.amp.precision`` (as training's evaluation)."""
+    from winpos.d2.train_loop import eval_autocast
+
     loader, evaluator = _loader_and_evaluator(cfg, output_dir)
     if progress and comm.is_main_process():
         from tqdm import tqdm
 
         loader = tqdm(loader, desc="inference", total=len(loader))
-    return inference_on_dataset(model, loader, evaluator)
+    with eval_autocast(cfg, next(model.parameters()).device.type):
+        return inference_on_dataset(model, loader, evaluator)
 
 
 def measure_fps(cfg, model, num_images: int = 50, warmup: int = 5) -> float:

@@ -16,9 +16,27 @@ import torch
 from detectron2.engine import SimpleTrainer
 from winpos.errors import WinposError
 
-__all__ = ["WinposTrainer", "PRECISIONS"]
+__all__ = ["WinposTrainer", "PRECISIONS", "eval_autocast"]
 
 PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def eval_autocast(cfg, device_type: str | None = None):
+    """The autocast context an evaluation of ``cfg`` runs in: ``train.amp.precision`` when ``train.amp.eval`` is
+    true, else a disabled one (float32). ``device_type`` defaults to ``train.device`` ("cuda:0" -> "cuda", "auto"
+    -> "cuda" when one is visible). An unknown precision is refused in one line."""
+    from omegaconf import OmegaConf
+
+    enabled = bool(OmegaConf.select(cfg, "train.amp.eval", default=False))
+    precision = OmegaConf.select(cfg, "train.amp.precision", default="bf16")
+    if enabled and precision not in PRECISIONS:
+        raise WinposError(f"train.amp.precision={precision!r}; choose 'bf16' (no grad scaling) or 'fp16'")
+    if device_type is None:
+        device = str(OmegaConf.select(cfg, "train.device", default="cpu") or "cpu")
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device_type = device.split(":")[0]
+    return torch.autocast(device_type, dtype=PRECISIONS.get(precision, torch.bfloat16), enabled=enabled)
 
 
 class WinposTrainer(SimpleTrainer):

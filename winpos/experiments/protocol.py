@@ -277,7 +277,8 @@ def build_cfg(spec: dict):
 def set_run_fields(cfg, spec: dict, checkpoints: int, warmup: int):
     """The fields every run of the reproduction sets from its spec: iterations, seed, output folder, init, lr and
     its schedule (``warmup`` iterations, x0.1 for the last 15%), ``checkpoints`` saves per run, CPU, no evaluation
-    during training. Returns ``cfg``."""
+    during training; with ``amp`` (``"bf16"`` or ``"fp16"``) training in that autocast precision (fp16 with a
+    GradScaler), and with ``amp_eval`` the evaluation too. Returns ``cfg``."""
     cfg.train.max_iter = max(spec["iters"], 1)
     cfg.train.seed = spec["seed"]
     cfg.train.output_dir = spec["out"]
@@ -286,6 +287,8 @@ def set_run_fields(cfg, spec: dict, checkpoints: int, warmup: int):
     cfg.train.eval_period = 0
     cfg.train.device = "cpu"
     cfg.optimizer.lr = spec["lr"]
+    if spec.get("amp"):  # only the precision study sets it, so every other run's identity is as before
+        cfg.train.amp = dict(enabled=True, precision=spec["amp"], eval=bool(spec.get("amp_eval", False)))
     if spec["iters"] > 0:
         from winpos.d2.hooks import warmup_step_schedule
 
