@@ -180,7 +180,8 @@ class Attention(nn.Module):
         if self.qkv_bias_mask is None:
             qkv = self.qkv(x)
         else:
-            qkv = F.linear(x, self.qkv.weight, self.qkv.bias * self.qkv_bias_mask)
+            w = self.qkv.weight  # x in its dtype (a no-op but in a float16 export graph, whose weights are float16)
+            qkv = F.linear(x.to(w.dtype), w, (self.qkv.bias * self.qkv_bias_mask).to(w.dtype))
         qkv = qkv.reshape(B, H, W, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(3)  # each (B, H, W, heads, head_dim)
         if self.q_stride > 1:

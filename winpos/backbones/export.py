@@ -20,7 +20,9 @@ is within tolerance, all or nothing.
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
+import math
 import os
 import warnings
 from contextlib import contextmanager
@@ -32,14 +34,15 @@ import torch.nn as nn
 
 from winpos.errors import WinposError, check_choice
 
-__all__ = ["EXPORT_NOTE", "EXPORT_RECIPES", "FORMATS", "ONNX_MIN_OPSET", "TOLERANCE", "Artifact", "Check",
-           "ExportResult", "build_backbone", "check_onnx_setup", "export_and_check", "export_mode", "onnx_bytes", "planned_names", "require_onnxruntime",
+__all__ = ["EXPORT_NOTE", "EXPORT_RECIPES", "FORMATS", "ONNX_MIN_OPSET", "PRECISIONS", "TOLERANCE", "Artifact",
+           "Check", "ExportResult", "Fp16Graph", "build_backbone", "fp16_tolerance", "check_onnx_setup", "export_and_check", "export_mode", "onnx_bytes", "planned_names", "require_onnxruntime",
            "run_artifact", "write_export"]
 
 FORMATS = ("onnx", "pt2", "torchscript")
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "torchscript": ".ts"}
 ONNX_MIN_OPSET = 17  # LayerNormalization is an ONNX op from 17 on
 TOLERANCE = 1e-4  # max absolute error against eager, float32 on the CPU (measured: <= 1e-5 for the backbones)
+PRECISIONS = ("float32", "float16")  # of a backbone export: float16 = Fp16Graph
 EXPORT_NOTE = ("attention: the reference path (PyTorch SDPA) forced for the export; no Triton kernel, FlexAttention "
                "or fused oneDNN op in any graph")
 
@@ -50,6 +53,98 @@ EXTRA_RECIPES = {
     "none": dict(pos_embed="none", window_pos="none", global_pos="none"),
 }
 EXPORT_RECIPES = ("original", "paper", "relpos", "rope", "lookhere", "none")
+
+
+class _Fp16Op(nn.Module):
+    """A Linear or Conv2d that multiplies in float16: its weights stored in float16, its input cast to float16, its
+    output float16. What surrounds it (additions, LayerNorm, position terms) computes in the dtype it receives."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.inner = copy.deepcopy(module).half()
+
+    @property
+    def weight(self):  # for code that applies the layer's weights itself (EVA-02's masked key bias)
+        return self.inner.weight
+
+    @property
+    def bias(self):
+        return self.inner.bias
+
+    def forward(self, x):
+        out = self.inner(x.half())
+        # a convolution starts the token stream (the patch embedding): float32 from there, as autocast's additions
+        # promote it when a float32 position embedding is added
+        return out.float() if isinstance(self.inner, nn.Conv2d) else out
+
+
+class _Float32LayerNorm(nn.LayerNorm):
+    """A LayerNorm that normalizes in float32 whatever its input's dtype (its output is float32)."""
+
+    def forward(self, x):
+        return super().forward(x.float())
+
+
+class Fp16Graph(nn.Module):
+    """``model`` for a float16 export: every Linear and Conv2d (nearly all the weights and FLOPs) in float16, the
+    token stream between blocks and every LayerNorm in float32 (a float16 input is cast up first). Attention
+    takes the float16 q, k and v of the projections. LayerNorm in particular stays float32: TensorRT's
+    float16 LayerNorm overflows once an activation passes 256 (its square passes float16's 65504), and the float32
+    LayerNormalization nodes of this graph keep a strongly typed TensorRT build from rounding them. The input and
+    the outputs stay float32 (the float16 file is a drop-in for the float32 one); attention takes float16 q, k, v
+    from the projections. ``model`` itself is not changed."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.net = copy.deepcopy(model)
+        swap = [(name, m) for name, m in self.net.named_modules() if type(m) in (nn.Linear, nn.Conv2d)]
+        if not swap:
+            raise WinposError(f"{type(model).__name__} has no Linear or Conv2d layer to run in float16; export it "
+                              "with --precision float32")
+        norms = [(name, m) for name, m in self.net.named_modules() if type(m) is nn.LayerNorm]
+        for name, m in swap + norms:
+            parent, _, leaf = name.rpartition(".")
+            if isinstance(m, nn.LayerNorm):
+                new = _Float32LayerNorm(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine,
+                                        bias=m.bias is not None)
+                new.load_state_dict(m.state_dict())
+            else:
+                new = _Fp16Op(m)
+            setattr(self.net.get_submodule(parent) if parent else self.net, leaf, new)
+        for attr in ("in_chans", "patch_size"):  # what the export command reads from a backbone
+            if hasattr(model, attr):
+                setattr(self, attr, getattr(model, attr))
+
+    def forward(self, x):
+        return _to_float(self.net(x))
+
+
+def _to_float(out):
+    if isinstance(out, torch.Tensor):
+        return out.float()
+    if isinstance(out, dict):
+        return {k: _to_float(v) for k, v in out.items()}
+    return type(out)(_to_float(v) for v in out)
+
+
+def fp16_tolerance(model: nn.Module, graph: nn.Module, example: Callable, sizes, max_relative: float = 1e-2) -> tuple[float, float]:
+    """The tolerance a float16 export is checked with: twice the eager float16 graph's own max absolute error
+    against eager float32 over ``sizes``, plus 1e-4; returns ``(tolerance, eager_error)``. A graph whose eager error
+    passes ``max_relative`` of the outputs' largest magnitude (an overflow, a term that float16 cannot hold) is
+    refused in one line."""
+    errors, scale = [], 0.0
+    with export_mode():
+        for s in sizes:
+            x = example(s)
+            refs, outs = _flat(model(x)), _flat(graph(x))
+            errors.append(_max_error(outs, refs))
+            scale = max([scale] + [float(r.abs().max()) for r in refs if r.numel()])
+    worst = max(errors) if all(math.isfinite(e) for e in errors) else float("inf")  # max() would skip a nan
+    if not worst <= max_relative * scale:  # also catches inf / nan
+        raise WinposError(f"in float16 the model's outputs differ from float32 by {worst:.3g} (largest output "
+                          f"{scale:.3g}): above {max_relative:g} of it, float16 does not hold this model; export "
+                          "it with --precision float32")
+    return 2 * worst + 1e-4, worst
 
 
 def build_backbone(preset: str, recipe: str, **overrides) -> nn.Module:
@@ -124,6 +219,7 @@ class ExportResult:
     checks: list[Check] = field(default_factory=list)
     tolerance: float = TOLERANCE
     notes: list[str] = field(default_factory=list)
+    eager_error: float | None = None  # a float16 export: its graph's own eager error against float32
 
     @property
     def ok(self) -> bool:
@@ -275,8 +371,9 @@ def run_artifact(artifact: Artifact, x: torch.Tensor) -> list[torch.Tensor]:
 def _max_error(outs, refs) -> float:
     if len(outs) != len(refs) or any(tuple(o.shape) != tuple(r.shape) for o, r in zip(outs, refs)):
         return float("inf")
-    return max((float((o.float() - r.float()).abs().max()) if o.numel() else 0.0 for o, r in zip(outs, refs)),
-               default=0.0)
+    errors = [float((o.float() - r.float()).abs().max()) if o.numel() else 0.0 for o, r in zip(outs, refs)]
+    # a nan anywhere is a failed check: max() keeps whichever of nan and a number comes first
+    return max(errors, default=0.0) if all(math.isfinite(e) for e in errors) else float("inf")
 
 
 def export_and_check(model: nn.Module, stem: str, sizes, formats=FORMATS, *, example: Callable, stride: int,

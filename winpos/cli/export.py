@@ -1,10 +1,12 @@
 """Export a backbone or a whole detector to ONNX, a torch.export program (.pt2) and TorchScript, checked.
 
     winpos-export backbone PRESET [--recipe R] [--sizes 64,96x128] [--formats onnx,pt2,torchscript] --out DIR
-                           [--set KEY=VALUE ...]
+                           [--set KEY=VALUE ...] [--precision float16]
         A backbone preset (vitdet_toy, vitdet_b, hieradet_toy, hieradet_b, ...; no detectron2 needed) with one of
         the recipes original, paper, relpos, rope, lookhere, none, at random initialization or with --weights (a
-        winpos backbone checkpoint, e.g. winpos-convert's output); --set gives constructor arguments.
+        winpos backbone checkpoint, e.g. winpos-convert's output); --set gives constructor arguments. With
+        --precision float16 the matmuls and convolutions are float16 and LayerNorm stays float32 (safe for a
+        float16 TensorRT build; docs/export.md), checked against the float32 eager model.
     winpos-export detector --config-file CFG (--checkpoint W | --random-weights) [--sizes ...] [--formats ...]
                            --out DIR [key=value ...]
         A LazyConfig by name (shapes/mask_rcnn_vitdet_toy_rope.py) or path, through detectron2's TracingAdapter:
@@ -76,6 +78,10 @@ def build_parser():
     b.add_argument("--weights", default=None, help="a winpos backbone checkpoint (default: random initialization)")
     b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a constructor argument of the backbone, e.g. --set pos_antialias=True (repeatable)")
+    b.add_argument("--precision", choices=("float32", "float16"), default="float32",
+                   help="float16: every Linear and Conv2d in float16 (weights stored in float16), the token stream "
+                        "and every LayerNorm in float32, input and outputs float32; checked against the float32 "
+                        "eager model (default: float32)")
     d = sub.add_parser("detector", help="a LazyConfig's detector through detectron2's TracingAdapter")
     d.add_argument("--config-file", dest="config", required=True, metavar="FILE", help=CONFIG_FILE_HELP)
     d.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
@@ -110,7 +116,9 @@ def run(argv=None):
     for note in result.notes:
         print(note)
     print(result.table())
-    print(f"tolerance: max |error| <= {result.tolerance:g} against eager (float32, CPU)")
+    print(f"tolerance: max |error| <= {result.tolerance:g} against eager (float32, CPU)"
+          + (f"; float16: 2 x the float16 graph's own eager error {result.eager_error:.2e}, + 1e-4"
+             if result.eager_error is not None else ""))
     if not result.ok:
         print(f"error: {result.failure()}", file=sys.stderr)
         return 1
@@ -122,10 +130,10 @@ def run(argv=None):
 def _backbone(args, check_output_dir, planned_names):
     import torch
 
-    from winpos.backbones.export import TOLERANCE, build_backbone, export_and_check
+    from winpos.backbones.export import TOLERANCE, Fp16Graph, build_backbone, export_and_check, fp16_tolerance
 
     sizes = args.sizes or [(64, 64), (96, 96)]
-    stem = f"{args.preset}_{args.recipe}"
+    stem = f"{args.preset}_{args.recipe}" + ("_fp16" if args.precision == "float16" else "")
     check_output_dir(args.out, [args.weights] if args.weights else [], planned_names(stem, args.formats, sizes),
                      force=args.force, flag="--out")
     model = build_backbone(args.preset, args.recipe, **_overrides(args.overrides))
@@ -141,11 +149,22 @@ def _backbone(args, check_output_dir, planned_names):
                               f"({first[:200]}); convert it first (winpos-convert) or pick its preset and "
                               "--recipe") from None
     generator = torch.Generator().manual_seed(0)
-    result = export_and_check(model, stem, sizes, args.formats, opset=args.opset,
-                              tolerance=args.tolerance or TOLERANCE, stride=getattr(model, "patch_size", 32),
-                              example=lambda s: torch.randn(1, model.in_chans, *s, generator=generator))
+    example = lambda s: torch.randn(1, model.in_chans, *s, generator=generator)  # noqa: E731
+    tol, exported, eager_error = args.tolerance or TOLERANCE, {}, None
+    if args.precision == "float16":
+        graph = Fp16Graph(model).eval()
+        exported = {fmt: graph for fmt in args.formats}
+        auto, eager_error = fp16_tolerance(model, graph, example, sizes)  # refuses a model fp16 cannot hold
+        tol = args.tolerance or auto
+    result = export_and_check(model, stem, sizes, args.formats, opset=args.opset, tolerance=tol,
+                              stride=getattr(model, "patch_size", 32), example=example, exported=exported)
+    if eager_error is not None:
+        result.eager_error = eager_error
+        result.notes.append("float16: Linear and Conv2d in float16 (weights stored in float16); the token stream "
+                            "and every LayerNorm in float32; input and outputs float32")
     return result, stem, {"backbone": args.preset, "recipe": args.recipe, "overrides": args.overrides,
-                          "weights": args.weights, "opset": args.opset}
+                          "weights": args.weights, "opset": args.opset, "precision": args.precision,
+                          "float16_eager_error": eager_error}
 
 
 def _overrides(items) -> dict:
