@@ -7,8 +7,8 @@ repository, or run tools/setup_env.sh, which installs its pure-Python part); ``.
 the benchmarks time; ``.[export]`` onnx and onnxruntime for ``winpos-export``'s ONNX files; ``.[test]`` everything
 the test suite uses (its parity oracles).
 
-The repository's ``configs/`` is installed as ``winpos.configs`` and the demo's checkpoint (``tools/checkpoints/``)
-as ``winpos.demo_checkpoint`` (one source each: ``winpos.model_zoo`` finds them in a checkout or installed), and
+The repository's ``configs/`` is installed as ``winpos.configs``, its ``docs/`` pages and figures as ``winpos/docs``
+and the demo's checkpoint (``tools/checkpoints/``) as ``winpos.demo_checkpoint`` (one source each: ``winpos.model_zoo`` finds them in a checkout or installed), and
 every command is a console script (``winpos.cli``).
 
 The project's metadata (name, version from ``winpos.__version__``, description, readme, license, Python versions,
@@ -45,10 +45,13 @@ COMMANDS = {  # winpos.cli's modules; winpos.cli.COMMANDS says the same (a test 
 
 setup(
     packages=find_packages(include=["winpos", "winpos.*"]) + ["winpos.kernels", "winpos.demo_checkpoint"]
-    + CONFIG_PACKAGES,
+    + CONFIG_PACKAGES + ["winpos.docs", "winpos.docs.figures"],
     package_dir={"winpos.kernels": "kernels", "winpos.configs": "configs",
-                 "winpos.demo_checkpoint": "tools/checkpoints"},
-    package_data={"winpos": ["py.typed"], "winpos.demo_checkpoint": ["*.pth", "*.json"]},
+                 "winpos.demo_checkpoint": "tools/checkpoints", "winpos.docs": "docs"},
+    # docs/ (its pages and figures, not the studies' raw results) as winpos/docs: the commands' --help names pages
+    # there, and ``python -m winpos`` prints where they are
+    package_data={"winpos": ["py.typed"], "winpos.demo_checkpoint": ["*.pth", "*.json"], "winpos.docs": ["*.md"],
+                  "winpos.docs.figures": ["*.png"]},
     entry_points={"console_scripts": [f"{cmd} = winpos.cli.{module}:main" for cmd, module in COMMANDS.items()]
                   + ["winpos-bench-decode = winpos.bench.decode:main"]},
     extras_require={"d2": D2_EXTRAS, "bench": BENCH_EXTRAS, "test": TEST_EXTRAS, "slurm": SLURM_EXTRAS,

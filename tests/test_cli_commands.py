@@ -77,6 +77,8 @@ def test_a_library_module_run_with_dash_m_names_the_command(module, command):
 def test_python_dash_m_winpos_lists_the_commands():
     res = subprocess.run([sys.executable, "-m", "winpos"], capture_output=True, text=True)
     assert res.returncode == 0 and all(c in res.stdout for c in COMMANDS)
+    docs = res.stdout.strip().splitlines()[-1]
+    assert docs.startswith("Documentation (the docs/<page>.md each --help names): ") and docs.endswith("docs"), docs
 
 
 def test_doctor_fixes_name_installed_commands():

@@ -9,8 +9,6 @@ What a float16 deployment needs and what is checked here:
   layouts; a dropped position term would be O(1) off;
 - a model float16 cannot hold (activations beyond 65504) is refused in one line, nothing written.
 """
-import io
-import warnings
 
 import pytest
 import torch
@@ -96,6 +94,18 @@ def test_a_model_fp16_cannot_hold_is_refused():
         model.blocks[0].mlp.fc1.weight.mul_(1e5)  # MLP activations beyond float16's 65504
     with pytest.raises(WinposError, match="float16 does not hold this model; export it with --precision float32"):
         fp16_tolerance(model, Fp16Graph(model).eval(), _example(), [(64, 64)])
+
+
+def test_the_cli_refuses_such_weights_in_one_line_and_writes_nothing(tmp_path):
+    torch.manual_seed(0)
+    model = build_backbone("vitdet_toy", "none")
+    with torch.no_grad():
+        model.blocks[0].mlp.fc1.weight.mul_(1e5)
+    torch.save(model.state_dict(), tmp_path / "big.pth")
+    r = tool("export.py", "backbone", "vitdet_toy", "--recipe", "none", "--weights", tmp_path / "big.pth",
+             "--precision", "float16", "--sizes", "64", "--formats", "onnx", "--out", tmp_path / "o")
+    assert_one_line_error(r, "float16 does not hold this model", "--precision float32")
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
 def test_the_cli_writes_fp16_files_and_says_so(tmp_path, capsys):

@@ -135,6 +135,25 @@ def test_configs_by_name_outside_the_checkout(installed):
     assert (net, iters, recipe) == ("vitdet_b", "184375", "paper") and int(count) >= 40
 
 
+def test_the_docs_the_help_texts_name_are_installed(installed):
+    """Every ``docs/<page>.md`` a command's --help or a module names ships in the wheel (as ``winpos/docs``), with
+    the figures the pages show, and ``python -m winpos`` says where."""
+    import re
+
+    _, python, work, wheel = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    named = set()
+    for path in (ROOT / "winpos").rglob("*.py"):
+        named |= set(re.findall(r"docs/([a-z0-9_]+\.md)", path.read_text()))
+    assert {"equal_footing.md", "precision.md", "export.md"} <= named
+    missing = sorted(n for n in named if f"winpos/docs/{n}" not in names)
+    assert not missing, missing
+    assert "winpos/docs/figures/demo.png" in names and not any(n.startswith("winpos/docs/results/") for n in names)
+    res = _ok(_run([python, "-m", "winpos"], cwd=work))
+    where = res.stdout.strip().splitlines()[-1].split(": ", 1)[1]
+    assert where.startswith(str(python.parents[1])) and (Path(where) / "equal_footing.md").is_file(), res.stdout
+
+
 def test_every_installed_command_answers_help(installed):
     bin_dir, _, work, _ = installed
     commands = [c for c, m in COMMANDS.items() if m != "reproduce" or (ROOT / "winpos/cli/reproduce.py").is_file()]

@@ -12,6 +12,18 @@ USAGE = """winpos's commands (each takes --help; ``python -m winpos.cli.<module>
   winpos-export     a backbone preset or a detector config to ONNX, .pt2 and TorchScript, each run and checked
 Configs by name: python -c 'from winpos.model_zoo import list_configs; print(list_configs())'"""
 
+
+
+def _docs_line() -> str:
+    from winpos.utils.config_names import docs_root
+
+    try:
+        return f"Documentation (the docs/<page>.md each --help names): {docs_root()}"
+    except Exception as e:  # noqa: BLE001 - the list of commands is printed whatever happens here
+        return f"Documentation: not found ({e})"
+
+
 if __name__ == "__main__":
     print(USAGE)
+    print(_docs_line())
     sys.exit(0 if sys.argv[1:] in ([], ["--help"], ["-h"]) else 2)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import os
 
-from winpos.utils.config_names import DEMO_CHECKPOINT, config_path, config_root, demo_checkpoint, list_configs
+from winpos.utils.config_names import DEMO_CHECKPOINT, config_path, config_root, demo_checkpoint, docs_root, list_configs
 
-__all__ = ["config_root", "config_path", "list_configs", "get_config", "demo_checkpoint", "DEMO_CHECKPOINT"]
+__all__ = ["config_root", "config_path", "list_configs", "get_config", "demo_checkpoint", "docs_root", "DEMO_CHECKPOINT"]
 
 
 def get_config(name: str | os.PathLike, overrides=()):

@@ -18,4 +18,6 @@ Modules:
     footing_analysis      the equal-footing study's declared tests
     footing_report        the equal-footing study's tables and figure
     equivalence_report    the declared equivalence study's text and figure
+    precision             the declared mixed-precision study: the shipped detector in fp32, bf16 and fp16
+                          (``winpos-reproduce --precision``)
 """

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from winpos.errors import MissingInputError
 
-__all__ = ["config_root", "config_path", "list_configs", "demo_checkpoint", "DEMO_CHECKPOINT", "CONFIG_FILE_HELP"]
+__all__ = ["config_root", "config_path", "list_configs", "demo_checkpoint", "docs_root", "DEMO_CHECKPOINT",
+           "CONFIG_FILE_HELP"]
 
 CONFIG_FILE_HELP = ("a config name (shapes/mask_rcnn_hieradet_toy_abswin.py), a LazyConfig .py file (Python: it runs, "
                     "so pass only files you trust) or a run's config.yaml (read as data: no YAML tag or untrusted "
@@ -76,3 +77,13 @@ def demo_checkpoint() -> Path:
                                 f"{_PACKAGE / 'demo_checkpoint'} and a checkout's tools/checkpoints/); reinstall "
                                 "winpos from its wheel or a checkout (it ships there), or pass --checkpoint FILE")
     return path
+
+
+def docs_root() -> Path:
+    """The folder of winpos's documentation pages (``docs/*.md`` and their figures): ``winpos/docs`` when installed
+    from a wheel, the checkout's ``docs/`` otherwise. Every ``docs/<page>.md`` a command's help names is there."""
+    root = _first_dir(_PACKAGE / "docs", _PACKAGE.parent / "docs")
+    if root is None:
+        raise MissingInputError(f"winpos's documentation is neither in {_PACKAGE / 'docs'} nor in a checkout next to "
+                                f"{_PACKAGE}; reinstall winpos from its wheel or a checkout")
+    return root
