@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from winpos.backbones.common import (
     LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, WindowedBackbone, add_attention_branch,
     add_mlp_branch, as_block_position, check_drop_path_rate, check_image, init_weights, make_token_embedding,
+    patch_projection,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
@@ -99,7 +100,7 @@ class PatchEmbed(nn.Module):
     def forward(self, x):
         # Contiguous (B, H, W, C): a permuted NCHW view would pass its channels-first strides on to every
         # residual add of the stage (elementwise ops keep the first operand's layout).
-        return self.proj(x).permute(0, 2, 3, 1).contiguous()
+        return patch_projection(self.proj, x).permute(0, 2, 3, 1).contiguous()
 
 
 class HieraBlock(nn.Module):

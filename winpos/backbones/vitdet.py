@@ -30,7 +30,7 @@ import torch.nn as nn
 from winpos.backbones.common import (
     LOOKHERE_45, POS_EMBEDS, Attention, DropPath, LayerScale, Mlp, SwiGLU, WindowedBackbone, add_attention_branch,
     add_mlp_branch, as_block_options, as_block_position, check_drop_path_rate, check_image, init_weights,
-    make_token_embedding,
+    make_token_embedding, patch_projection,
 )
 from winpos.backbones.registry import register_family
 from winpos.errors import WinposError, as_hw, check_choice
@@ -49,7 +49,7 @@ class PatchEmbed(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Contiguous (B, H, W, C): a permuted NCHW view would hand its channels-first strides to every residual
         # add after it (elementwise ops keep the first operand's layout), and each LayerNorm would copy it back.
-        return self.proj(x).permute(0, 2, 3, 1).contiguous()
+        return patch_projection(self.proj, x).permute(0, 2, 3, 1).contiguous()
 
 
 class ViTDetBlock(nn.Module):
