@@ -137,3 +137,10 @@ def test_a_nan_in_any_output_fails_the_check():
     for outs in ([good, bad], [bad, good]):
         assert _max_error(outs, [good, good]) == float("inf")
     assert _max_error([good, good + 0.5], [good, good]) == 0.5
+
+
+def test_a_float16_detector_export_is_refused_in_one_line(tmp_path):
+    r = tool("export.py", "detector", "--config-file", "shapes/mask_rcnn_vitdet_toy_rope.py", "--random-weights",
+             "--precision", "float16", "--out", tmp_path / "o")
+    assert_one_line_error(r, "exports float32 only", "winpos-export backbone ... --precision float16")
+    assert not (tmp_path / "o").exists()

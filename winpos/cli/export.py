@@ -86,6 +86,9 @@ def build_parser():
     d.add_argument("--config-file", dest="config", required=True, metavar="FILE", help=CONFIG_FILE_HELP)
     d.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
     d.add_argument("--random-weights", action="store_true", help="export the untrained detector on purpose")
+    d.add_argument("--precision", choices=("float32", "float16"), default="float32",
+                   help="float32 only: a whole detector is not exported in float16 (its ROI ops and box arithmetic "
+                        "stay float32); export the backbone with --precision float16")
     d.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value (after every flag)")
     for p in (b, d):
         p.add_argument("--sizes", type=size_list, default=None,
@@ -190,6 +193,11 @@ def _detector(args, check_output_dir, planned_names):
 
     from winpos.d2.export import DETECTOR_TOLERANCE, build_detector, export_detector
 
+    from winpos.errors import WinposError
+
+    if args.precision != "float32":
+        raise WinposError("winpos-export detector exports float32 only (the detector's ROI ops and box arithmetic "
+                          "stay float32); export its backbone with winpos-export backbone ... --precision float16")
     sizes = args.sizes or [(64, 96)]
     stem = Path(args.config).stem
     check_output_dir(args.out, [args.checkpoint] if args.checkpoint else [],
