@@ -236,9 +236,9 @@ def plot_precision(summary: dict, path: str) -> None:
     for i, prec in enumerate(order):
         vals = [train[prec][s]["bbox"] for s in train[prec]]
         c = summary["contrasts"].get(prec)
-        text = "" if c is None or c["bbox"]["ci"] is None else f"\n{_ci(c['bbox'])}\nvs fp32"
+        text = "" if c is None or c["bbox"]["ci"] is None else f"{_ci(c['bbox'])}\nvs fp32: {c['verdict']}"
         b.errorbar([i + 0.12], [sum(vals) / len(vals)], fmt="D", color="C3", ms=6)
-        b.annotate(text, (i + 0.15, sum(vals) / len(vals)), fontsize=7, va="center")
+        b.annotate(text, (i + 0.2, sum(vals) / len(vals)), fontsize=7, va="center")
     b.set_xticks(range(len(order)), order)
     b.set_xlim(-0.3, len(order) + 0.2)
     b.set_ylabel("box AP (evaluated in fp32)")
