@@ -182,6 +182,7 @@ def test_verdicts_shown_equivalent_undecided_and_holm_over_the_two(tmp_path):
     assert res["evaluation_noise"]["box"]["D1"]["n"] == 24
     assert res["evaluation_noise"]["box"]["D1"]["sd_eval"] == pytest.approx(0.0, abs=1e-9)  # the same every pipeline
     assert res["reliance"]["box"]["mean"] == pytest.approx(statistics.fmean(3.0 + 0.1 * i for i in range(24)))
+    assert {"naive", "abs2win"} <= set(res["finetuned"]) and {"naive", "abs2win"} <= set(res["zero_shot"])
     undecided = FA.analyze_equivalence(f, _fake(wide, wide))["tests"]["box"]["D1"]
     assert undecided["verdict"].startswith("undecided")
 
@@ -200,6 +201,10 @@ def test_interim_before_every_pipeline_is_whole_or_with_other_seeds(tmp_path):
     assert "TOST p lower" not in text and "per pipeline:" not in text and "mean +" not in text
     assert "observed sd" not in text
     assert text.count("withheld until the study is whole") == 4  # D1, D2 for box and mask
+    # nor each row's mean at the cell, whose difference is the estimate (the reports printed both rows before)
+    assert part["zero_shot"] is None and part["finetuned"] is None
+    assert "canvas 1.25x naive" not in text and "canvas 1.25x abs2win" not in text
+    assert "per row at canvas 1.25x: withheld while interim" in text
     assert plot_equivalence(part, str(tmp_path / "interim.png"))
     fewer = FA.analyze_equivalence(_study(tmp_path, pipelines=(12, 13)), _fake([0.0] * 24, [0.0] * 24))
     assert fewer["interim"] == "2 of the 24 declared pipelines asked for"

@@ -57,6 +57,10 @@ def format_equivalence(result: dict) -> str:
     if rel["box"]["n"]:
         lines.append(f"reliance, 64 px AP lost when the embedding is zeroed: box {_signed(rel['box'])}, mask "
                      f"{_signed(rel['mask'])}")
+    if result["zero_shot"] is None or result["finetuned"] is None:
+        lines.append("zero-shot and finetuned AP per row at canvas 1.25x: withheld while interim (their difference "
+                     "is D1 / D2's estimate)")
+        return "\n".join(lines)
     for row, v in result["zero_shot"].items():
         lines.append(f"zero-shot canvas 1.25x {row:8s} box {_mi(v['box'])} / mask {_mi(v['mask'])}")
     for row, v in result["finetuned"].items():

@@ -335,13 +335,18 @@ def analyze_equivalence(f, data: dict) -> dict:
     diag = diagnosis(data)
     ne, ap = data.get("no_embedding") or {}, data["ap64"].get("abs", {})
     reliance_per = {p: ap[p]["box"] - ne[p]["box"] for p in sorted(set(ne) & set(ap), key=int)}
+    complete = interim is None and len(whole) == n
+    if not complete:  # each row's mean at the cell: their difference is D1 / D2's estimate, withheld while interim
+        finetuned = zero = None
+    else:
+        zero = rows(data["zero_shot"])
     return {"study": asdict(f), "data": data, "declared_pipelines": list(declared), "whole_pipelines": whole,
-            "interim": interim, "complete": interim is None and len(whole) == n, "tests": tests, "evaluation_noise": noise,
+            "interim": interim, "complete": complete, "tests": tests, "evaluation_noise": noise,
             "power": power, "margin": EQUIVALENCE_MARGIN,
             "ap64": {m: mean_interval([v[m] for _, v in sorted(ap.items(), key=lambda kv: int(kv[0]))])
                      for m in ("box", "mask")},
             "reliance": diag["reliance"], "reliance_per_pipeline": reliance_per,
-            "finetuned": finetuned, "zero_shot": rows(data["zero_shot"]),
+            "finetuned": finetuned, "zero_shot": zero,
             "sentence": equivalence_sentence(d1, n, len(whole))}
 
 
