@@ -13,7 +13,6 @@ USAGE = """winpos's commands (each takes --help; ``python -m winpos.cli.<module>
 Configs by name: python -c 'from winpos.model_zoo import list_configs; print(list_configs())'"""
 
 
-
 def _docs_line() -> str:
     from winpos.utils.config_names import docs_root
 

@@ -83,15 +83,15 @@ def test_evaluation_under_autocast_matches_fp32_detections():
         ref = model([image])[0]["instances"]
         for precision in ("bf16", "fp16"):
             cfg.train.amp = dict(enabled=True, precision=precision, eval=True)
-            with eval_autocast(cfg, "cpu"):
+            with eval_autocast(cfg, model):
                 low = model([image])[0]["instances"]
             assert len(low) > 0 and torch.isfinite(low.pred_boxes.tensor).all()
             # the top detection is the same box up to rounding (NMS and top-k may reorder the tail)
             torch.testing.assert_close(low.pred_boxes.tensor[0].float(), ref.pred_boxes.tensor[0],
                                        atol=2.0, rtol=0)
     cfg.train.amp = dict(enabled=True, precision="float16", eval=True)
-    with eval_autocast(cfg, "cpu"):
+    with eval_autocast(cfg, model):
         assert torch.get_autocast_dtype("cpu") == torch.float16  # the alias evaluates in fp16, not bf16
     cfg.train.amp = dict(enabled=True, precision="fp8", eval=True)
     with pytest.raises(Exception, match="choose 'bf16'"):
-        eval_autocast(cfg, "cpu")
+        eval_autocast(cfg, model)

@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from winpos.errors import WinposError, check_choice
 
-__all__ = ["EXPORT_NOTE", "EXPORT_RECIPES", "FORMATS", "ONNX_MIN_OPSET", "PRECISIONS", "TOLERANCE", "Artifact",
+__all__ = ["EXPORT_NOTE", "EXPORT_RECIPES", "FORMATS", "ONNX_MIN_OPSET", "TOLERANCE", "Artifact",
            "Check", "ExportResult", "Fp16Graph", "build_backbone", "fp16_tolerance", "check_onnx_setup", "export_and_check", "export_mode", "onnx_bytes", "planned_names", "require_onnxruntime",
            "run_artifact", "write_export"]
 
@@ -42,7 +42,6 @@ FORMATS = ("onnx", "pt2", "torchscript")
 SUFFIX = {"onnx": ".onnx", "pt2": ".pt2", "torchscript": ".ts"}
 ONNX_MIN_OPSET = 17  # LayerNormalization is an ONNX op from 17 on
 TOLERANCE = 1e-4  # max absolute error against eager, float32 on the CPU (measured: <= 1e-5 for the backbones)
-PRECISIONS = ("float32", "float16")  # of a backbone export: float16 = Fp16Graph
 EXPORT_NOTE = ("attention: the reference path (PyTorch SDPA) forced for the export; no Triton kernel, FlexAttention "
                "or fused oneDNN op in any graph")
 
@@ -91,26 +90,23 @@ class Fp16Graph(nn.Module):
     takes the float16 q, k and v of the projections. LayerNorm in particular stays float32: TensorRT's
     float16 LayerNorm overflows once an activation passes 256 (its square passes float16's 65504), and the float32
     LayerNormalization nodes of this graph keep a strongly typed TensorRT build from rounding them. The input and
-    the outputs stay float32 (the float16 file is a drop-in for the float32 one); attention takes float16 q, k, v
-    from the projections. ``model`` itself is not changed."""
+    the outputs stay float32 (the float16 file is a drop-in for the float32 one). ``model`` itself is not
+    changed."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.net = copy.deepcopy(model)
-        swap = [(name, m) for name, m in self.net.named_modules() if type(m) in (nn.Linear, nn.Conv2d)]
+        swap = {name: _Fp16Op(m) for name, m in self.net.named_modules() if type(m) in (nn.Linear, nn.Conv2d)}
         if not swap:
             raise WinposError(f"{type(model).__name__} has no Linear or Conv2d layer to run in float16; export it "
                               "with --precision float32")
-        norms = [(name, m) for name, m in self.net.named_modules() if type(m) is nn.LayerNorm]
-        for name, m in swap + norms:
-            parent, _, leaf = name.rpartition(".")
-            if isinstance(m, nn.LayerNorm):
-                new = _Float32LayerNorm(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine,
-                                        bias=m.bias is not None)
-                new.load_state_dict(m.state_dict())
-            else:
-                new = _Fp16Op(m)
-            setattr(self.net.get_submodule(parent) if parent else self.net, leaf, new)
+        for name, m in self.net.named_modules():
+            if type(m) is nn.LayerNorm:
+                swap[name] = _Float32LayerNorm(m.normalized_shape, eps=m.eps, elementwise_affine=m.elementwise_affine,
+                                               bias=m.bias is not None)
+                swap[name].load_state_dict(m.state_dict())
+        for name, new in swap.items():
+            self.net.set_submodule(name, new)
         for attr in ("in_chans", "patch_size"):  # what the export command reads from a backbone
             if hasattr(model, attr):
                 setattr(self, attr, getattr(model, attr))
@@ -139,7 +135,7 @@ def fp16_tolerance(model: nn.Module, graph: nn.Module, example: Callable, sizes,
             refs, outs = _flat(model(x)), _flat(graph(x))
             errors.append(_max_error(outs, refs))
             scale = max([scale] + [float(r.abs().max()) for r in refs if r.numel()])
-    worst = max(errors) if all(math.isfinite(e) for e in errors) else float("inf")  # max() would skip a nan
+    worst = _finite_max(errors)
     if not worst <= max_relative * scale:  # also catches inf / nan
         raise WinposError(f"in float16 the model's outputs differ from float32 by {worst:.3g} (largest output "
                           f"{scale:.3g}): above {max_relative:g} of it, float16 does not hold this model; export "
@@ -371,8 +367,12 @@ def run_artifact(artifact: Artifact, x: torch.Tensor) -> list[torch.Tensor]:
 def _max_error(outs, refs) -> float:
     if len(outs) != len(refs) or any(tuple(o.shape) != tuple(r.shape) for o, r in zip(outs, refs)):
         return float("inf")
-    errors = [float((o.float() - r.float()).abs().max()) if o.numel() else 0.0 for o, r in zip(outs, refs)]
-    # a nan anywhere is a failed check: max() keeps whichever of nan and a number comes first
+    return _finite_max([float((o.float() - r.float()).abs().max()) if o.numel() else 0.0 for o, r in zip(outs, refs)])
+
+
+def _finite_max(errors: list[float]) -> float:
+    """The largest error, or inf when any is nan or inf: Python's max keeps whichever of nan and a number comes
+    first, so a nan would pass a check."""
     return max(errors, default=0.0) if all(math.isfinite(e) for e in errors) else float("inf")
 
 

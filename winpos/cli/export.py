@@ -34,6 +34,7 @@ from winpos.utils.cli import ArgumentParser, positive_int, run_cli
 from winpos.utils.config_names import CONFIG_FILE_HELP
 
 FORMAT_NAMES = ("onnx", "pt2", "torchscript")
+PRECISION_NAMES = ("float32", "float16")  # float16: winpos.backbones.export.Fp16Graph (backbones only)
 
 
 def size_list(text: str) -> list[tuple[int, int]]:
@@ -78,7 +79,7 @@ def build_parser():
     b.add_argument("--weights", default=None, help="a winpos backbone checkpoint (default: random initialization)")
     b.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="a constructor argument of the backbone, e.g. --set pos_antialias=True (repeatable)")
-    b.add_argument("--precision", choices=("float32", "float16"), default="float32",
+    b.add_argument("--precision", choices=PRECISION_NAMES, default="float32",
                    help="float16: every Linear and Conv2d in float16 (weights stored in float16), the token stream "
                         "and every LayerNorm in float32, input and outputs float32; checked against the float32 "
                         "eager model (default: float32)")
@@ -86,7 +87,7 @@ def build_parser():
     d.add_argument("--config-file", dest="config", required=True, metavar="FILE", help=CONFIG_FILE_HELP)
     d.add_argument("--checkpoint", default="", help="weights (default: the config's train.init_checkpoint)")
     d.add_argument("--random-weights", action="store_true", help="export the untrained detector on purpose")
-    d.add_argument("--precision", choices=("float32", "float16"), default="float32",
+    d.add_argument("--precision", choices=PRECISION_NAMES, default="float32",
                    help="float32 only: a whole detector is not exported in float16 (its ROI ops and box arithmetic "
                         "stay float32); export the backbone with --precision float16")
     d.add_argument("opts", nargs=argparse.REMAINDER, help="config overrides key=value (after every flag)")

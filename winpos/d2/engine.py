@@ -282,7 +282,7 @@ def do_test(cfg, model, progress: bool = False) -> dict:
         from tqdm import tqdm
 
         loader = tqdm(loader, desc="inference", total=len(loader))
-    with eval_autocast(cfg):
+    with eval_autocast(cfg, model):
         results = inference_on_dataset(model, loader, evaluator)
     if comm.is_main_process() and results:
         print_csv_format(results)

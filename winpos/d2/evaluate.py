@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from winpos.d2.data import ensure_registered
 from winpos.d2.own_data import check_dataset_content, check_num_classes
+from winpos.d2.train_loop import eval_autocast
 from winpos.errors import WinposError
 from winpos.utils.output_folders import STAGING_PREFIX, claim_output_dir, publish_folder, refuse_links
 from winpos.utils.outputs import as_write_error, atomic_savefig, atomic_write, check_output_dir, refuse_linked_folders
@@ -106,14 +107,12 @@ def _loader_and_evaluator(cfg, output_dir):
 def evaluate(cfg, model, output_dir=None, progress: bool = True) -> dict:
     """Run the test set of ``cfg`` through ``model``; returns ``{"bbox": {"AP": ..., "APs": ...}, "segm": ...}``.
     With ``train.amp.eval`` the model runs under autocast in ``train.amp.precision`` (as training's evaluation)."""
-    from winpos.d2.train_loop import eval_autocast
-
     loader, evaluator = _loader_and_evaluator(cfg, output_dir)
     if progress and comm.is_main_process():
         from tqdm import tqdm
 
         loader = tqdm(loader, desc="inference", total=len(loader))
-    with eval_autocast(cfg, next(model.parameters()).device.type):
+    with eval_autocast(cfg, model):
         return inference_on_dataset(model, loader, evaluator)
 
 

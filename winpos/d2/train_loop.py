@@ -16,27 +16,28 @@ import torch
 from detectron2.engine import SimpleTrainer
 from winpos.errors import WinposError
 
-__all__ = ["WinposTrainer", "PRECISIONS", "eval_autocast"]
+__all__ = ["WinposTrainer", "PRECISIONS", "eval_autocast", "precision_dtype"]
 
 PRECISIONS = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
 
 
-def eval_autocast(cfg, device_type: str | None = None):
-    """The autocast context an evaluation of ``cfg`` runs in: ``train.amp.precision`` when ``train.amp.eval`` is
-    true, else a disabled one (float32). ``device_type`` defaults to ``train.device`` ("cuda:0" -> "cuda", "auto"
-    -> "cuda" when one is visible). An unknown precision is refused in one line."""
+def precision_dtype(precision: str) -> torch.dtype:
+    """The autocast dtype of ``train.amp.precision``, or one line naming the choices."""
+    if precision not in PRECISIONS:
+        raise WinposError(f"train.amp.precision={precision!r}; choose 'bf16' (no grad scaling) or 'fp16'")
+    return PRECISIONS[precision]
+
+
+def eval_autocast(cfg, model):
+    """The autocast context an evaluation of ``cfg`` runs ``model`` in, on the model's device: ``train.amp.precision``
+    when ``train.amp.eval`` is true, else a disabled one (float32)."""
     from omegaconf import OmegaConf
 
-    enabled = bool(OmegaConf.select(cfg, "train.amp.eval", default=False))
-    precision = OmegaConf.select(cfg, "train.amp.precision", default="bf16")
-    if enabled and precision not in PRECISIONS:
-        raise WinposError(f"train.amp.precision={precision!r}; choose 'bf16' (no grad scaling) or 'fp16'")
-    if device_type is None:
-        device = str(OmegaConf.select(cfg, "train.device", default="cpu") or "cpu")
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        device_type = device.split(":")[0]
-    return torch.autocast(device_type, dtype=PRECISIONS.get(precision, torch.bfloat16), enabled=enabled)
+    device_type = next(model.parameters()).device.type
+    if not OmegaConf.select(cfg, "train.amp.eval", default=False):
+        return torch.autocast(device_type, enabled=False)
+    return torch.autocast(device_type, dtype=precision_dtype(OmegaConf.select(cfg, "train.amp.precision",
+                                                                               default="bf16")))
 
 
 class WinposTrainer(SimpleTrainer):
@@ -61,13 +62,12 @@ class WinposTrainer(SimpleTrainer):
                  grad_accum_steps: int = 1):
         super().__init__(model, data_loader, optimizer, gather_metric_period, zero_grad_before_forward,
                          async_write_metrics)
-        if precision not in PRECISIONS:
-            raise WinposError(f"train.amp.precision={precision!r}; choose 'bf16' (no grad scaling) or 'fp16'")
+        dtype = precision_dtype(precision)
         if not isinstance(grad_accum_steps, int) or grad_accum_steps < 1:
             raise WinposError(f"train.grad_accum_steps={grad_accum_steps!r} must be a positive integer (1: no "
                               "accumulation)")
         self.grad_accum_steps = grad_accum_steps
-        self.amp, self.dtype = bool(amp), PRECISIONS[precision]
+        self.amp, self.dtype = bool(amp), dtype
         self.device_type = next(model.parameters()).device.type
         self.clip_grad = clip_grad if clip_grad and clip_grad > 0 else None
         self.grad_scaler = None

@@ -328,18 +328,17 @@ def analyze_equivalence(f, data: dict) -> dict:
         return {row: {m: mean_interval([v[m] for _, v in sorted(cells[cell].items(), key=lambda kv: int(kv[0]))])
                       for m in ("box", "mask")} for row, cells in block.items() if cell in cells}
 
-    finetuned = {row: {m: mean_interval([statistics.fmean(v[str(s)][m] for s in seeds) for p, v in
-                                         sorted(cells.get(cell, {}).items(), key=lambda kv: int(kv[0]))
-                                         if all(str(s) in v for s in seeds)]) for m in ("box", "mask")}
-                 for row, cells in data["finetuned"].items()}
     diag = diagnosis(data)
     ne, ap = data.get("no_embedding") or {}, data["ap64"].get("abs", {})
     reliance_per = {p: ap[p]["box"] - ne[p]["box"] for p in sorted(set(ne) & set(ap), key=int)}
     complete = interim is None and len(whole) == n
-    if not complete:  # each row's mean at the cell: their difference is D1 / D2's estimate, withheld while interim
-        finetuned = zero = None
-    else:
+    finetuned = zero = None  # each row's mean at the cell: their difference is D1 / D2's estimate, withheld while interim
+    if complete:
         zero = rows(data["zero_shot"])
+        finetuned = {row: {m: mean_interval([statistics.fmean(v[str(s)][m] for s in seeds) for p, v in
+                                             sorted(cells.get(cell, {}).items(), key=lambda kv: int(kv[0]))
+                                             if all(str(s) in v for s in seeds)]) for m in ("box", "mask")}
+                     for row, cells in data["finetuned"].items()}
     return {"study": asdict(f), "data": data, "declared_pipelines": list(declared), "whole_pipelines": whole,
             "interim": interim, "complete": complete, "tests": tests, "evaluation_noise": noise,
             "power": power, "margin": EQUIVALENCE_MARGIN,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from winpos.errors import WinposError
 from winpos.experiments import runs as R
-from winpos.experiments.protocol import (Protocol, check_multiplier, label, stage2_spec, zero_shot_spec)
+from winpos.experiments.protocol import Protocol, label, stage2_spec, zero_shot_spec
 
 PRECISIONS = ("fp32", "bf16", "fp16")  # fp32 first: the baseline of every difference
 MARGIN = 1.0  # box AP: the declared equivalence margin of the training contrasts (docs/precision.md)
@@ -135,7 +135,6 @@ def run_precision(config: str, checkpoint: str, manifest: str, output_dir="outpu
     from winpos.utils.outputs import atomic_write_json
 
     precisions = _check_precisions(precisions)
-    check_multiplier(multiplier)
     p = Protocol(config=config, output_dir=str(output_dir), rows=(ROW,), multipliers=(multiplier,),
                  conditions=(condition,), seeds=tuple(seeds), finetune_iters=iters, finetune_lr=float(lr),
                  workers=workers, threads=threads)
