@@ -38,6 +38,15 @@ The mixed-precision study (``winpos.experiments.precision``; declared in docs/pr
 evaluates the shipped demo detector in float32, bf16 and fp16 autocast at 1x and 1.25x its grid, finetunes it at
 1.25x in each precision with the same seeds (evaluated in float32) and reports each precision - fp32 with its
 95% interval, sign-flip p and TOST within +-1 box AP; writes <output>/summary.json and <output>/precision.png.
+
+The small-data study (``winpos.experiments.small_data``; declared in docs/small_data.md):
+
+    winpos-reproduce --small-data [--output output/small_data] [--seeds 0,1,2,3] [--finetune-iters 300]
+        [--train-images 16,128] [--recipes full,trunk,heads] [--workers 1] [--report-only]
+
+teaches the shipped one-class demo detector the four-class shapes task from 16 and 128 images, finetuning all of it
+(full), all but its trunk (trunk) or its RoI heads only (heads), and reports each recipe - full with its 95%
+interval, t / sign-flip p and Holm; writes <output>/summary.json and <output>/small_data.png.
 """
 import sys
 from pathlib import Path
@@ -196,6 +205,34 @@ def _precision(args, log) -> int:
     return 0
 
 
+def _small_data(args, log) -> int:
+    """The declared small-data study (``winpos.experiments.small_data``; docs/small_data.md)."""
+    from winpos.experiments import small_data as S
+    from winpos.model_zoo import demo_checkpoint
+
+    out = Path(args.output if args.output != "output/reproduce" else "output/small_data")
+    if args.report_only:
+        summary = S.load_summary(out)
+    else:
+        checkpoint = str(demo_checkpoint())
+        summary = {}
+
+        def go():
+            seeds = S.SEEDS if args.seeds == [0, 1, 2, 3, 4] else tuple(args.seeds)  # left at the default: 0-3
+            summary.update(S.run_small_data(args.config, checkpoint, str(Path(checkpoint).with_suffix(".json")), out,
+                                            recipes=args.recipes or S.RECIPES, seeds=seeds,
+                                            train_images=tuple(args.train_images or S.TRAIN_IMAGES),
+                                            iters=args.finetune_iters or S.ITERS, lr=args.finetune_lr,
+                                            workers=args.workers, threads=args.threads, log=log))
+
+        stopped = _run_study(go, log)
+        if stopped:
+            return stopped
+    print(S.format_small_data(summary))
+    print(f"\nplot: {out}/small_data.png; every number: {out}/summary.json")
+    return 0
+
+
 def _footing(args, log) -> int:
     from winpos.experiments import footing as F
     from winpos.experiments import footing_runs as FR
@@ -272,6 +309,14 @@ def run(argv=None):
     p.add_argument("--precision", action="store_true",
                    help="the mixed-precision study instead (the shipped demo detector evaluated and finetuned in "
                         "fp32, bf16 and fp16 autocast; docs/precision.md); default output output/precision")
+    p.add_argument("--small-data", action="store_true",
+                   help="the small-data study instead (the shipped one-class demo detector taught four classes from "
+                        "16 and 128 images, fully finetuned or partly frozen; docs/small_data.md); default output "
+                        "output/small_data")
+    p.add_argument("--recipes", type=_names, default=None,
+                   help="--small-data: what trains, full first (default: full,trunk,heads)")
+    p.add_argument("--train-images", type=seed_list, default=None, metavar="N,...",
+                   help="--small-data: training-set sizes (default: 16,128)")
     p.add_argument("--precisions", type=_names, default=("fp32", "bf16", "fp16"),
                    help="--precision: the precisions, fp32 first (default: fp32,bf16,fp16)")
     p.add_argument("--pipelines", type=seed_list, default=None, help="equal footing: pipelines (default 0-5); "
@@ -299,7 +344,8 @@ def run(argv=None):
     p.add_argument("--pretrain-iters", type=positive_int, default=None,
                    help="stage-1 iterations (batch 8; default 2000, equal footing 600)")
     p.add_argument("--pretrain-lr", type=finite_float, default=1e-3, help="stage-1 learning rate (AdamW)")
-    p.add_argument("--finetune-iters", type=positive_int, default=150)
+    p.add_argument("--finetune-iters", type=positive_int, default=None,
+                   help="finetuning iterations (default 150; --small-data 300)")
     p.add_argument("--finetune-lr", type=finite_float, default=2e-4)
     p.add_argument("--workers", type=positive_int, default=2, help="runs at a time")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per run (fixed for the run)")
@@ -334,6 +380,9 @@ def run(argv=None):
     log = lambda m: print(f"[reproduce] {m}", flush=True)  # noqa: E731
     if args.equivalence:
         return _equivalence(args, log)
+    if args.small_data:
+        return _small_data(args, log)
+    args.finetune_iters = args.finetune_iters or 150
     if args.precision:
         return _precision(args, log)
     if args.equal_footing:

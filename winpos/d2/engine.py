@@ -41,6 +41,7 @@ from omegaconf import OmegaConf
 from winpos.d2.checkpoint import CaptureRNG, RNGState, WinposCheckpointer, load_init_checkpoint
 from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
+from winpos.d2.freeze import freeze_parameters
 from winpos.d2.hooks import FinalEvalHook, ResumableWriter, StopWhenAsked, trim_metrics
 from winpos.d2.run_dir import (EVAL_FILES, check_resume, claim_run_dir, keep_earlier_config, lock_run_dir,
                                read_final_results, write_final_results)
@@ -318,6 +319,7 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     resuming = resume and os.path.isfile(os.path.join(output_dir, "last_checkpoint"))  # as has_checkpoint()
     changes = check_resume(cfg, output_dir) if resuming else []  # before anything is loaded into the model
     model = build_model(cfg)
+    freeze_parameters(model, cfg.train.get("freeze", None))  # before the optimizer: frozen weights get no state
     optimizer = build_optimizer(cfg, model)
     model = _ddp(model, cfg)
     amp = cfg.train.get("amp", {})

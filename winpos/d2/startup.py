@@ -113,6 +113,12 @@ def _epochs(cfg, plan: BatchPlan, epoch_images: int | None) -> str:
     return f"{cfg.train.max_iter * plan.total / epoch_images:.1f} of {epoch_images} images"
 
 
+def _frozen(cfg) -> tuple:
+    from winpos.d2.freeze import freeze_prefixes
+
+    return freeze_prefixes(OmegaConf.select(cfg, "train.freeze", default=None))
+
+
 def start_up_block(cfg, world_size: int, device: str = "cuda", epoch_images: int | None = None) -> str:
     """The run's plan in one block (raises WinposError, as ``batch_plan``, for a batch that cannot be made)."""
     plan = plan_of(cfg, world_size)
@@ -128,6 +134,7 @@ def start_up_block(cfg, world_size: int, device: str = "cuda", epoch_images: int
         ("AMP", _amp(cfg)),
         ("init checkpoint", OmegaConf.select(cfg, "train.init_checkpoint", default="") or "none (random init)"),
         ("backbone", _recipe(cfg)),
+        ("frozen", ", ".join(_frozen(cfg)) or "nothing (every parameter trains)"),
     ]
     width = max(len(k) for k, _ in rows)
     return "\n".join(["training plan:"] + [f"  {k:<{width}}  {v}" for k, v in rows])

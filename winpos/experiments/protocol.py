@@ -257,7 +257,8 @@ CONVERTED_FIELDS = {
 
 def build_cfg(spec: dict):
     """The LazyConfig of one detection run from its spec (encoding, conversion, size, dataset, init, iterations,
-    lr, seed, output folder)."""
+    lr, seed, output folder; optional ``classes`` "shapes" for the four-class data and ``freeze``, the
+    ``train.freeze`` prefixes)."""
     from winpos.d2.config import load_config
 
     cfg = load_config(spec["config"], [])
@@ -271,6 +272,16 @@ def build_cfg(spec: dict):
     for part in (cfg.dataloader.train, cfg.dataloader.test):
         part.dataset.shapes = dict(spec["shapes"])
         part.mapper.image_size = size
+    if spec.get("classes") == "shapes":  # the four-class view (the small-data study's new task); default one class
+        from winpos.data.scenes import SHAPE_CLASSES
+
+        cfg.dataloader.train.dataset.names, cfg.dataloader.test.dataset.names = "shapes_train", "shapes_val"
+        cfg.model.roi_heads.num_classes = len(SHAPE_CLASSES)
+    elif spec.get("classes") not in (None, "shapes1"):
+        raise WinposError(f"unknown classes {spec['classes']!r} in run {spec.get('name')}; use 'shapes1' (one class, "
+                          "the default) or 'shapes' (four)")
+    if spec.get("freeze"):  # only the small-data study sets it, so every other run's identity is as before
+        cfg.train.freeze = list(spec["freeze"])
     return set_run_fields(cfg, spec, checkpoints=4, warmup=spec.get("warmup", 50))
 
 
