@@ -20,4 +20,6 @@ Modules:
     equivalence_report    the declared equivalence study's text and figure
     precision             the declared mixed-precision study: the shipped detector in fp32, bf16 and fp16
                           (``winpos-reproduce --precision``)
+    small_data            the declared small-data study: full finetuning vs a frozen trunk vs the RoI heads only
+                          (``winpos-reproduce --small-data``)
 """
