@@ -114,6 +114,28 @@ def test_init_from_a_detector_checkpoint(tmp_path):
     _assert_same(dst, src)
 
 
+def test_a_detector_of_another_class_count_loads_all_but_its_class_layers_and_says_which():
+    """The shipped one-class detector into the four-class model: the six class tensors keep their initialisation,
+    the report names each with both shapes, every other tensor is the checkpoint's."""
+    from winpos.d2.config import load_config
+    from winpos.d2.engine import build_model
+    from winpos.model_zoo import config_path, demo_checkpoint
+
+    cfg = load_config(config_path("shapes/reproduce_hieradet.py"), ["train.device=cpu", "model.roi_heads.num_classes=4"])
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    msg = load_init_checkpoint(WinposCheckpointer(model), str(demo_checkpoint()))
+    assert "6 tensor(s) have another shape in this model and keep their initialisation" in msg
+    assert "roi_heads.box_predictor.cls_score.weight (2, 256) -> (5, 256)" in msg
+    assert "roi_heads.mask_head.predictor.weight (1, 64, 1, 1) -> (4, 64, 1, 1)" in msg
+    sd = torch.load(demo_checkpoint(), map_location="cpu", weights_only=True)["model"]
+    after = model.state_dict()
+    kept = [k for k in after if k in sd and sd[k].shape != after[k].shape]
+    assert len(kept) == 6 and all(torch.equal(after[k], before[k]) for k in kept)
+    assert all(torch.equal(after[k], sd[k].float()) for k in after if k in sd and k not in kept)
+
+
 def test_init_from_backbone_and_detectron2_vitdet_names(tmp_path):
     src = _randomize(_vit_detector())
     # backbone-only file with the plain model's names -> the winpos ViTDet importer

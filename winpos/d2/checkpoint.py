@@ -239,12 +239,19 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     own = model.state_dict()
     fits = {k for k, v in sd.items() if isinstance(v, torch.Tensor) and k in own and tuple(v.shape) == own[k].shape}
     if sd and len(fits) >= min_match * len(sd):
+        reshaped = {k: (tuple(v.shape), tuple(own[k].shape)) for k, v in sd.items()  # before detectron2 drops them
+                    if isinstance(v, torch.Tensor) and k in own and tuple(v.shape) != tuple(own[k].shape)}
         if heuristics:
             checkpoint["matching_heuristics"] = True
         incompatible = checkpointer._load_model(checkpoint)
         if incompatible is not None:
             checkpointer._log_incompatible_keys(incompatible)
         msg = f"loaded {path} as a detector checkpoint ({len(fits)}/{len(own)} model tensors by name)"
+        if reshaped:  # e.g. the class layers of a detector finetuned to another class count: expected there
+            shown = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in list(reshaped.items())[:8])
+            more = f"; and {len(reshaped) - 8} more" if len(reshaped) > 8 else ""
+            msg += (f"; {len(reshaped)} tensor(s) have another shape in this model and keep their initialisation "
+                    f"(expected for the class layers when the class count changes): {shown}{more}")
         logger.info(msg)
         return msg
     from winpos.checkpoints import load_external
