@@ -81,9 +81,11 @@ def test_the_optimizer_gets_only_the_trainable_parameters():
     assert in_opt == {id(p) for p in model.parameters() if p.requires_grad}
 
 
-def test_a_training_run_keeps_the_frozen_trunk_bit_identical(tmp_path):
+def test_a_training_run_keeps_the_frozen_trunk_bit_identical(tmp_path, caplog):
     """Two iterations of the small-data recipe 'trunk' from the shipped detector: every trunk tensor of the final
-    checkpoint equals the loaded one, the pyramid and heads moved; the training plan names what was frozen."""
+    checkpoint equals the loaded one, the pyramid and heads moved; the log says the epochs the data makes."""
+    import logging
+
     from winpos.d2.engine import do_train
     from winpos.experiments import small_data as S
     from winpos.experiments.protocol import build_cfg
@@ -96,7 +98,10 @@ def test_a_training_run_keeps_the_frozen_trunk_bit_identical(tmp_path):
     cfg = build_cfg(spec)
     assert list(cfg.train.freeze) == ["backbone.bottom_up"] and cfg.model.roi_heads.num_classes == 4
     cfg.train.eval_after_train = False
-    do_train(cfg)
+    with caplog.at_level(logging.INFO, logger="winpos"):
+        do_train(cfg)
+    assert "training set: 4 images; 2 iterations x 8 images = 4.0 epochs" in caplog.text
+    assert "train.freeze ['backbone.bottom_up']:" in caplog.text
     start = torch.load(demo_checkpoint(), map_location="cpu", weights_only=True)["model"]
     end = torch.load(tmp_path / "trunk" / "n4" / "seed0" / "model_final.pth", map_location="cpu",
                      weights_only=True)["model"]

@@ -266,6 +266,15 @@ def build_train_loader(cfg, start_iter: int = 0):
     return instantiate(loader_cfg)
 
 
+def _training_images(loader) -> int | None:
+    """Images in the training set behind ``loader``: known for winpos' resumable loader (a map-style dataset),
+    None for detectron2's iterable ones."""
+    try:
+        return len(loader.dataset)
+    except TypeError:
+        return None
+
+
 def _evaluator_cfg(cfg):
     ev = cfg.dataloader.evaluator
     if "output_dir" not in ev or ev.output_dir is None:
@@ -374,6 +383,12 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
             write_final_results(output_dir, results, checkpoint, start_iter)
         return results
     trainer.data_loader = build_train_loader(cfg, start_iter)
+    images = _training_images(trainer.data_loader)
+    if images and comm.is_main_process():  # known once the data is loaded: the plan printed at the start could not
+        epochs = cfg.train.max_iter * plan.total / images
+        logger.info(f"training set: {images} images; {cfg.train.max_iter} iterations x {plan.total} images = "
+                    f"{epochs:.1f} epochs" + (" (a small set seen many times: see train.freeze in docs/recipes.md, "
+                                              "'Small data')" if epochs > 50 else ""))
     save_config(cfg, resume=start_iter > 0)
     trainer.train(start_iter, cfg.train.max_iter)
     if comm.is_main_process() and eval_after_train and results:
