@@ -122,3 +122,4 @@ def test_the_training_plan_says_what_is_frozen():
     assert "frozen                          nothing (every parameter trains)" in start_up_block(cfg, 1, "cpu")
     cfg.train.freeze = "heads"
     assert "frozen                          backbone, proposal_generator" in start_up_block(cfg, 1, "cpu")
+

@@ -8,6 +8,7 @@ batch, iterations, epochs, AMP dtype, init checkpoint and recipe.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from omegaconf import OmegaConf
@@ -113,6 +114,27 @@ def _epochs(cfg, plan: BatchPlan, epoch_images: int | None) -> str:
     return f"{cfg.train.max_iter * plan.total / epoch_images:.1f} of {epoch_images} images"
 
 
+def _schedule(cfg) -> str:
+    """The lr multiplier in this run's iterations. detectron2 reads the schedule as fractions of the run, so a
+    ``train.max_iter`` override scales every step and the warm-up with it: a COCO recipe's 250-iteration warm-up
+    becomes under one iteration of a 300-iteration finetune; this row says so before the run."""
+    node = OmegaConf.select(cfg, "lr_multiplier", default=None)
+    sched = OmegaConf.select(cfg, "lr_multiplier.scheduler", default=None)
+    try:
+        max_iter = int(cfg.train.max_iter)
+        warm = float(node.warmup_length) * max_iter
+        total = int(sched.num_updates)
+        steps = [math.ceil(m * max_iter / total - 1e-9) for m in sched.milestones]  # first iteration at it
+        values = [float(v) for v in sched["values"]]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        target = getattr(node, "_target_", None) if node is not None else None
+        return f"as configured ({getattr(target, '__name__', target)})"
+    parts = [f"warm-up {warm:.3g} iterations" + (" (scaled with train.max_iter: set lr_multiplier.warmup_length "
+                                                  "to lengthen it)" if 0 < warm < 10 else "")]
+    parts += [f"x{v:g} from iteration {it}" for it, v in zip(steps, values[1:])]
+    return ", ".join(parts)
+
+
 def _frozen(cfg) -> tuple:
     from winpos.d2.freeze import freeze_prefixes
 
@@ -130,6 +152,7 @@ def start_up_block(cfg, world_size: int, device: str = "cuda", epoch_images: int
         ("accumulation steps", plan.accum),
         ("total batch", f"{plan.total} = {world_size} x {plan.accum} x {plan.per_gpu}"),
         ("iterations", cfg.train.max_iter),
+        ("lr schedule", _schedule(cfg)),
         ("epochs", _epochs(cfg, plan, epoch_images)),
         ("AMP", _amp(cfg)),
         ("init checkpoint", OmegaConf.select(cfg, "train.init_checkpoint", default="") or "none (random init)"),
