@@ -197,6 +197,24 @@ def test_study_collects_from_the_archive_and_skips_archived_chains(tmp_path):
         FR.archive_all(without)
 
 
+def test_a_run_finished_but_stopped_before_its_entry_is_archived_when_the_study_continues(tmp_path):
+    """A study stopped between a run's result and its archive entry: the next start archives it (before, a
+    finished run was skipped as settled and never archived, and its folder was the only copy)."""
+    f = F.Footing(config=CONFIG, output_dir=str(tmp_path / "study"), pipelines=(0,), encodings=("rope",),
+                  archive_dir=str(tmp_path / "arch"))
+    specs = F.chain_specs(f, 0, "rope")
+    _finish_chain(specs)
+    from winpos.experiments import archive as A
+
+    A.keep(specs[0], f.archive_dir)  # only the first run made its entry before the stop
+    logs = []
+    FR.run(f, log=logs.append)
+    assert all(A.archived(s, f.archive_dir) is not None for s in specs)
+    said = [m for m in logs if m.endswith("(finished before, not archived then)")]
+    assert len(said) == len(specs) - 1 and all(": new " in m for m in said)
+    assert logs[-1] == "skip p0/rope: every run of it is finished or archived"
+
+
 def test_report_of_a_study_read_from_its_archive_alone(tmp_path, capsys):
     """``winpos-reproduce --equal-footing --archive DIR --report-only`` on a machine without the run folders: the
     report is made from the archive (here one pipeline's RoPE chain, written as the child writes it)."""

@@ -42,7 +42,11 @@ def run(f: Footing, log=print, mae_iters: int | None = None) -> None:
         return res
 
     def settled(spec):  # finished here, or archived with this identity (checked)
-        return A.finished_or_archived(spec, f.archive_dir) is not None
+        if A.finished_or_archived(spec, f.archive_dir) is None:
+            return False
+        if f.archive_dir and A.archived(spec, f.archive_dir) is None:  # finished, then stopped before its entry
+            log(f"archive {spec['name']}: {A.keep(spec, f.archive_dir)} (finished before, not archived then)")
+        return True
 
     if mae_iters and not settled(mae_spec(f, mae_iters)):
         jobs.append(lambda: launch(mae_spec(f, mae_iters)))
