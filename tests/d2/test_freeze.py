@@ -123,3 +123,29 @@ def test_the_training_plan_says_what_is_frozen():
     cfg.train.freeze = "heads"
     assert "frozen                          backbone, proposal_generator" in start_up_block(cfg, 1, "cpu")
 
+
+
+def test_a_frozen_trunk_computes_the_same_features_every_step():
+    """Drop path inside the frozen trunk is turned off (the heads would otherwise train on randomly thinned features
+    that evaluation never gives); outside it, it stays as configured."""
+    from winpos.backbones.common import DropPath
+    from winpos.d2.config import load_config
+    from winpos.d2.engine import build_model
+
+    cfg = load_config("shapes/mask_rcnn_hieradet_toy_abswin.py",
+                      ["train.device=cpu", "model.backbone.bottom_up.drop_path_rate=0.3"])
+    model = build_model(cfg).train()
+    trunk = model.backbone.bottom_up
+    on = [m for m in trunk.modules() if isinstance(m, DropPath) and m.p > 0]
+    assert len(on) >= 2
+    x = torch.randn(2, 3, 256, 256)
+    torch.manual_seed(0)
+    a = trunk(x)
+    torch.manual_seed(1)
+    assert any(not torch.equal(a[k], v) for k, v in trunk(x).items())  # stochastic before
+    info = freeze_parameters(model, "trunk")
+    assert info["stochastic_off"] == len(on) and all(m.p == 0 for m in on)
+    torch.manual_seed(0)
+    a = trunk(x)
+    torch.manual_seed(1)
+    assert all(torch.equal(a[k], v) for k, v in trunk(x).items())

@@ -5,7 +5,9 @@
 heads; ``["backbone", "proposal_generator"]`` trains the RoI heads only. A prefix matches a parameter whose name is
 the prefix or starts with the prefix and a dot, so ``"backbone.bottom"`` matches nothing (it is refused, not read
 as a partial name). Frozen parameters get ``requires_grad=False`` before the optimizer is built, so they take no
-optimizer state, no weight decay and no gradient; they are still saved in every checkpoint.
+optimizer state, no weight decay and no gradient; they are still saved in every checkpoint. Stochastic depth and
+dropout inside a frozen module are turned off, so a frozen part computes the same features at every step as at
+evaluation.
 
 ``FREEZE_PRESETS`` names the common choices, so ``train.freeze="trunk"`` is ``["backbone.bottom_up"]``.
 ``docs/recipes.md`` ("Small data") says what each one measured on the shapes data.
@@ -82,6 +84,26 @@ def freeze_parameters(model: torch.nn.Module, freeze) -> dict:
     for p in to_freeze:
         p.requires_grad_(False)
     frozen = sum(p.numel() for _, p in named if not p.requires_grad)
+    quiet = _deterministic(model, prefixes)
     logger.info(f"train.freeze {list(prefixes)}: {frozen / 1e6:.2f} M parameters frozen, {trainable / 1e6:.2f} M "
-                "train")
-    return {"prefixes": list(prefixes), "frozen": frozen, "trainable": trainable}
+                "train" + (f"; drop path / dropout off in {quiet} frozen module(s)" if quiet else ""))
+    return {"prefixes": list(prefixes), "frozen": frozen, "trainable": trainable, "stochastic_off": quiet}
+
+
+def _deterministic(model: torch.nn.Module, prefixes) -> int:
+    """Turn off stochastic depth and dropout inside the frozen modules; returns how many were on. A frozen trunk
+    with drop path would hand the trained heads randomly thinned features that evaluation never produces, and it
+    learns nothing from the noise."""
+    from winpos.backbones.common import DropPath
+
+    count = 0
+    for name, module in model.named_modules():
+        if not any(_matches(name, pre) for pre in prefixes):
+            continue
+        if isinstance(module, DropPath) and module.p > 0:
+            module.p, count = 0.0, count + 1
+        elif isinstance(module, torch.nn.Dropout) and module.p > 0:
+            module.p, count = 0.0, count + 1
+        elif type(module).__name__ == "DropPath" and getattr(module, "drop_prob", 0) > 0:  # timm / detectron2's
+            module.drop_prob, count = 0.0, count + 1
+    return count
