@@ -149,3 +149,24 @@ def test_report_only_without_a_study_is_one_line(tmp_path):
 
     r = tool("reproduce.py", "--small-data", "--report-only", "--output", tmp_path / "none")
     assert_one_line_error(r, "summary.json does not exist", "winpos-reproduce --small-data")
+
+
+@pytest.mark.parametrize("recipe", S.RECIPES)
+def test_the_shipped_config_is_one_run_of_the_study(recipe):
+    """shapes/small_data_hieradet.py with train.freeze set is the study's run (recipe, 16 images, seed 0): model,
+    data, optimizer, schedule and training fields alike (the run folder aside)."""
+    from omegaconf import OmegaConf
+
+    from winpos.d2.config import load_config
+
+    spec = next(s for s in S.small_data_specs(CONFIG, str(demo_checkpoint()), "/nowhere", seeds=(0,),
+                                              train_images=(16,)) if s["name"].startswith(recipe + "/"))
+    study = OmegaConf.to_container(build_cfg(spec))
+    freeze = {"full": "[]", "trunk": "trunk", "heads": "heads"}[recipe]
+    shipped = OmegaConf.to_container(load_config("shapes/small_data_hieradet.py", [f"train.freeze={freeze}"]))
+    from winpos.d2.freeze import freeze_prefixes
+
+    assert freeze_prefixes(shipped["train"].pop("freeze")) == freeze_prefixes(study["train"].pop("freeze"))
+    study["train"].pop("output_dir"), shipped["train"].pop("output_dir")
+    for key in ("model", "dataloader", "optimizer", "lr_multiplier", "train"):
+        assert shipped[key] == study[key], key
