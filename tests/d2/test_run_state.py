@@ -106,12 +106,25 @@ def test_an_edited_config_of_a_finished_run_is_refused(finished, tmp_path):
     ("dataloader.train.total_batch_size=4", "dataloader.train.total_batch_size=4"),
     ("model.backbone.bottom_up.pos_embed=abswin", "model.backbone.bottom_up.pos_embed='abswin'"),
     ("lr_multiplier.warmup_factor=0.5", "lr_multiplier.warmup_factor=0.5"),
+    ("train.freeze=trunk", r"train.freeze=\['backbone.bottom_up'\]"),
 ])
 def test_a_resume_that_changes_the_run_is_refused_naming_the_key(finished, tmp_path, override, key):
     out = _copy(finished, tmp_path)
     with pytest.raises(WinposError, match=f"--resume: {key} differs from the run in .* config.yaml has"):
         engine.do_train(_cfg(out, override), resume=True)
     assert (out / "config.yaml").read_bytes() == (finished[0] / "config.yaml").read_bytes()
+
+
+def test_freeze_is_compared_as_prefixes_and_a_config_saved_without_it_froze_nothing(finished, tmp_path):
+    from winpos.d2.run_dir import check_resume
+
+    out = _copy(finished, tmp_path)
+    text = (out / "config.yaml").read_text()
+    assert "freeze: []" in text
+    (out / "config.yaml").write_text(text.replace("freeze: []", "freeze: trunk"))
+    assert check_resume(_cfg(out, "train.freeze=[backbone.bottom_up]"), out) == []  # the preset's module path
+    (out / "config.yaml").write_text(text.replace("  freeze: []\n", ""))  # saved before train.freeze existed
+    assert check_resume(_cfg(out), out) == []
 
 
 def test_a_longer_schedule_is_said_and_the_earlier_config_kept(finished, tmp_path):

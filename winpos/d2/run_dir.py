@@ -112,7 +112,7 @@ def release_run_dir(output_dir) -> None:
 
 RUN_KEYS = ("model", "optimizer", "lr_multiplier", "dataloader.train", "train.seed", "train.amp", "train.clip_grad")
 """Config nodes that define a run: a resume that changes one is refused (the checkpoint's optimizer state, data
-stream and RNG states belong to the saved values)."""
+stream and RNG states belong to the saved values). ``train.freeze`` too, compared as its prefixes."""
 STATED_KEYS = ("train.max_iter", "train.grad_accum_steps")
 """Config keys a resume may change: the run continues to the new length, or makes the same total batch in another
 number of micro-batches; the change is logged and ``config.yaml`` rewritten (the earlier one kept)."""
@@ -144,6 +144,13 @@ def _select(tree, key: str):
 
 
 _MISSING = object()
+
+
+def _frozen(value) -> list:
+    """``train.freeze`` as its prefixes; a config saved before the key existed froze nothing."""
+    from winpos.d2.freeze import freeze_prefixes
+
+    return list(freeze_prefixes(None if value is _MISSING else value))
 
 
 def _leaf_diffs(here, saved, key: str) -> list[tuple[str, object, object]]:
@@ -181,6 +188,9 @@ def check_resume(cfg, output_dir) -> list[tuple[str, object, object]]:
                           "restore it, or start a new run (--force, or another train.output_dir)")
     here = _as_saved(cfg)
     refused = [d for key in RUN_KEYS for d in _leaf_diffs(_select(here, key), _select(saved, key), key)]
+    frozen = [_frozen(_select(tree, "train.freeze")) for tree in (here, saved)]
+    if frozen[0] != frozen[1]:  # another optimizer's parameters; compared as prefixes ("trunk" = its module path)
+        refused.append(("train.freeze", frozen[0], frozen[1]))
     if refused:
         key, new, old = refused[0]
         more = f" (and {len(refused) - 1} more: {', '.join(k for k, _, _ in refused[1:4])})" if len(refused) > 1 else ""
