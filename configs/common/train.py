@@ -1,5 +1,5 @@
 # Training options read by tools/train_net.py (winpos.d2.engine). Same keys as detectron2's common/train.py,
-# plus seed, device="auto", amp.precision / amp.eval, grad_accum_steps, clip_grad and freeze.
+# plus seed, device="auto", amp.precision / amp.eval, grad_accum_steps, clip_grad, keep_best and freeze.
 train = dict(
     output_dir="./output",
     init_checkpoint="",  # any format winpos imports: detector .pth/.pkl, MAE, Hiera, SAM, SAM2, timm
@@ -15,5 +15,6 @@ train = dict(
     cudnn_benchmark=False,
     grad_accum_steps=1,  # micro-batches per optimizer step: per-GPU images = total_batch_size / (GPUs x this)
     clip_grad=None,  # max global gradient norm, or None
+    keep_best=None,  # e.g. "bbox/AP": keep the best periodic evaluation's weights in model_best.pth (winpos.d2.best)
     freeze=[],  # parameter-name prefixes not to train, or a preset: "trunk", "backbone", "heads" (winpos.d2.freeze)
 )

@@ -105,3 +105,22 @@ def test_lsj_mapper_on_a_registered_dataset(tmp_path):
         assert len(inst) == 0 or torch.all(inst.gt_boxes.area() > 0)
     with pytest.raises(ValueError, match="min_scale"):
         build_lsj_mapper(min_scale=2.0, max_scale=1.0)
+
+
+def test_embedded_names_mean_the_parameters_the_config_states(tmp_path):
+    """A loader whose shapes dict differs from the one that registered shapes_* registers them again (the first
+    registration used to win: a test loader evaluated the training loader's split); without a dict the registration
+    in place is kept."""
+    from detectron2.data import DatasetCatalog
+
+    from winpos.d2.data import ensure_registered
+
+    small = dict(root=str(tmp_path), image_size=64, train_images=3, val_images=2)
+    ensure_registered(["shapes_train"], small)
+    assert len(DatasetCatalog.get("shapes_val")) == 2
+    ensure_registered(["shapes_val"], dict(small, val_images=4))
+    assert len(DatasetCatalog.get("shapes_val")) == 4 and len(DatasetCatalog.get("shapes_train")) == 3
+    ensure_registered(["shapes_val"], None)
+    assert len(DatasetCatalog.get("shapes_val")) == 4
+    ensure_registered(["shapes1_val"], dict(small, val_images=5))  # the one-class pair keeps its own record
+    assert len(DatasetCatalog.get("shapes1_val")) == 5 and len(DatasetCatalog.get("shapes_val")) == 4

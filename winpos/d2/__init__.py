@@ -15,6 +15,7 @@ Modules:
     own_data        one's own COCO data in the commands: its class names and the config's class count
     optim           parameter groups: layer decay, no weight decay on norms and embeddings
     freeze          ``train.freeze``: the parts of a detector that do not train (small data)
+    best            ``train.keep_best``: the weights of the best periodic evaluation
     train_loop      the AMP trainer, on any device
     hooks           the training loop's hooks and schedule
     checkpoint      atomic periodic saves, safe and foreign loads, exact RNG resume

@@ -110,22 +110,41 @@ def register_shapes_one_class(root=None, **params):
     return out
 
 
+_SHAPES_REGISTERED: dict = {}  # (train name, val name) -> the generator parameters they were registered from
+
+
+def _plain(shapes) -> dict:
+    from omegaconf import DictConfig, OmegaConf
+
+    return dict(OmegaConf.to_container(shapes) if isinstance(shapes, DictConfig) else shapes)
+
+
 def ensure_registered(names, shapes: dict | None = None) -> list[str]:
     """Register the embedded ``shapes_*`` datasets if named and missing; raise for any other unknown name.
 
-    ``shapes``: parameters for ``winpos.data.ensure_shapes_dataset`` (``root``, ``train_images``, ...).
+    ``shapes``: parameters for ``winpos.data.ensure_shapes_dataset`` (``root``, ``train_images``, ...). Names
+    registered here from other parameters are registered again from these (the first registration used to win,
+    so a test loader whose dict differed from the training loader's evaluated the training loader's split); with
+    ``shapes`` None the registration in place is kept.
     Returns the names as a list.
     """
     names = [names] if isinstance(names, str) else list(names)
     if not names:
         raise WinposError("no dataset names given; set dataloader.train.dataset.names (e.g. 'shapes_train')")
+    for pair, register in ((SHAPES_NAMES, register_shapes), (SHAPES_ONE_CLASS_NAMES, register_shapes_one_class)):
+        if not any(n in pair for n in names):
+            continue
+        params = None if shapes is None else _plain(shapes)
+        held = _SHAPES_REGISTERED.get(pair)
+        registered = set(DatasetCatalog.list())
+        if any(n not in registered for n in pair) or (params is not None and held is not None and held != params):
+            # missing, or registered from other generator parameters than this config states (e.g. a test
+            # loader whose shapes dict differs from the training loader's): these names mean these parameters
+            if held is not None and params is not None and held != params:
+                logger.info(f"{', '.join(pair)}: registered again from {params} (were {held})")
+            register(**dict(params or {}))  # register_coco replaces a name's catalog entries
+            _SHAPES_REGISTERED[pair] = dict(params or {})
     registered = set(DatasetCatalog.list())
-    if any(n in SHAPES_NAMES and n not in registered for n in names):
-        register_shapes(**dict(shapes or {}))
-        registered = set(DatasetCatalog.list())
-    if any(n in SHAPES_ONE_CLASS_NAMES and n not in registered for n in names):
-        register_shapes_one_class(**dict(shapes or {}))
-        registered = set(DatasetCatalog.list())
     missing = [n for n in names if n not in registered]
     if missing:
         raise WinposError(

@@ -38,6 +38,7 @@ from detectron2.utils import comm
 from detectron2.utils.events import EventStorage
 from omegaconf import OmegaConf
 
+from winpos.d2.best import KeepBest, check_keep_best
 from winpos.d2.checkpoint import CaptureRNG, RNGState, WinposCheckpointer, load_init_checkpoint
 from winpos.d2.config import load_config
 from winpos.d2.data import register_coco
@@ -317,6 +318,7 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     """
     plan = plan_of(cfg, comm.get_world_size())  # refuses a batch the processes and accumulation cannot make
     check_schedule(cfg)
+    keep_metric = check_keep_best(cfg)  # refused before any work when nothing periodic would be compared
     if comm.is_main_process():
         logger.info(start_up_block(cfg, comm.get_world_size(), cfg.train.device))
         claim_run_dir(cfg.train.output_dir, resume=resume, force=force)
@@ -338,10 +340,14 @@ def do_train(cfg, resume: bool = False, extra_hooks=(), force: bool = False) -> 
     rng = RNGState()
     checkpointer = WinposCheckpointer(model, output_dir, trainer=trainer, rng=rng)
     results = {}
+    keep_best = KeepBest(model, output_dir, keep_metric, resume=resuming) \
+        if keep_metric and comm.is_main_process() else None
 
     def test_and_keep():
         nonlocal results
         results = do_test(cfg, model)
+        if keep_best is not None and results:  # after a periodic evaluation, or the one after the last iteration
+            keep_best(results, min(trainer.iter + 1, cfg.train.max_iter))
         return results
 
     trainer.register_hooks([
