@@ -131,7 +131,7 @@ def _schedule(cfg) -> str:
         return f"as configured ({getattr(target, '__name__', target)})"
     parts = [f"warm-up {warm:.3g} iterations" + (" (scaled with train.max_iter: set lr_multiplier.warmup_length "
                                                   "to lengthen it)" if 0 < warm < 10 else "")]
-    parts += [f"x{v:g} from iteration {it}" for it, v in zip(steps, values[1:])]
+    parts += [f"x{v:g} from iteration {it}" for it, v in zip(steps, values[1:]) if it < max_iter]  # 0-based
     return ", ".join(parts)
 
 
