@@ -15,7 +15,7 @@ dataloader.test.dataset.shapes = dict(_SHAPES)
 model.roi_heads.num_classes = 4
 
 train.init_checkpoint = str(demo_checkpoint())
-train.freeze = []  # the study's recipes: [] (full), "trunk", "heads"
+train.freeze = "heads"  # the study's recipes: [] (full), "trunk", "heads" (the best at 16 images, +3.6 box AP)
 train.output_dir = "./output/small_data"
 train.device = "cpu"
 train.max_iter = 300

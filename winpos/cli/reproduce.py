@@ -229,7 +229,9 @@ def _small_data(args, log) -> int:
         if stopped:
             return stopped
     print(S.format_small_data(summary))
-    print(f"\nplot: {out}/small_data.png; every number: {out}/summary.json")
+    plot = out / "small_data.png"
+    print(f"\nplot: {plot if plot.is_file() else 'not in this folder (the run writes it beside summary.json)'}; "
+          f"every number: {out}/summary.json")
     return 0
 
 
