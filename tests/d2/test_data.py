@@ -109,18 +109,29 @@ def test_lsj_mapper_on_a_registered_dataset(tmp_path):
 
 def test_embedded_names_mean_the_parameters_the_config_states(tmp_path):
     """A loader whose shapes dict differs from the one that registered shapes_* registers them again (the first
-    registration used to win: a test loader evaluated the training loader's split); without a dict the registration
-    in place is kept."""
+    registration used to win: a test loader evaluated the training loader's split, and a later test the split an
+    earlier one had registered); no dict means the generator's defaults; a direct register_shapes call counts."""
     from detectron2.data import DatasetCatalog
 
-    from winpos.d2.data import ensure_registered
+    from winpos.d2 import data as D
 
     small = dict(root=str(tmp_path), image_size=64, train_images=3, val_images=2)
-    ensure_registered(["shapes_train"], small)
+    D.ensure_registered(["shapes_train"], small)
     assert len(DatasetCatalog.get("shapes_val")) == 2
-    ensure_registered(["shapes_val"], dict(small, val_images=4))
+    D.ensure_registered(["shapes_val"], dict(small, val_images=4))
     assert len(DatasetCatalog.get("shapes_val")) == 4 and len(DatasetCatalog.get("shapes_train")) == 3
-    ensure_registered(["shapes_val"], None)
-    assert len(DatasetCatalog.get("shapes_val")) == 4
-    ensure_registered(["shapes1_val"], dict(small, val_images=5))  # the one-class pair keeps its own record
+    D.ensure_registered(["shapes1_val"], dict(small, val_images=5))  # the one-class pair keeps its own record
     assert len(DatasetCatalog.get("shapes1_val")) == 5 and len(DatasetCatalog.get("shapes_val")) == 4
+    D.register_shapes(tmp_path, image_size=64, train_images=3, val_images=6)  # direct: recorded too
+    assert D._SHAPES_REGISTERED[D.SHAPES_NAMES] == dict(small, val_images=6)
+    calls = []
+    real = D.register_shapes
+    D.register_shapes = lambda **kw: calls.append(kw)
+    try:
+        D.ensure_registered(["shapes_val"], dict(small, val_images=6))  # the same parameters: kept
+        assert calls == []
+        D.ensure_registered(["shapes_val"], None)  # no dict: the defaults, not what an earlier caller left
+        assert calls == [{}]
+    finally:
+        D.register_shapes = real
+        D.ensure_registered(["shapes_val"], None)  # leave the defaults registered for whoever comes next

@@ -89,6 +89,7 @@ def register_shapes(root=None, **params) -> dict:
     paths = ensure_shapes_dataset(root, **params)
     for name, (json_path, image_root) in paths.items():
         register_coco(name, json_path, image_root, on_error="raise")
+    _SHAPES_REGISTERED[SHAPES_NAMES] = _record(root, params)
     return paths
 
 
@@ -107,10 +108,20 @@ def register_shapes_one_class(root=None, **params):
         new_name = name.replace("shapes_", "shapes1_")
         register_coco(new_name, one, image_root, on_error="raise")
         out[new_name] = (one, image_root)
+    _SHAPES_REGISTERED[SHAPES_ONE_CLASS_NAMES] = _record(root, params)
     return out
 
 
 _SHAPES_REGISTERED: dict = {}  # (train name, val name) -> the generator parameters they were registered from
+
+
+def _record(root, params) -> dict:
+    """The generator parameters a registration stands for (``root`` only when given)."""
+    out = dict(params)
+    root = out.pop("root", None) if root is None else root
+    if root is not None:
+        out["root"] = str(root)
+    return out
 
 
 def _plain(shapes) -> dict:
@@ -124,8 +135,8 @@ def ensure_registered(names, shapes: dict | None = None) -> list[str]:
 
     ``shapes``: parameters for ``winpos.data.ensure_shapes_dataset`` (``root``, ``train_images``, ...). Names
     registered here from other parameters are registered again from these (the first registration used to win,
-    so a test loader whose dict differed from the training loader's evaluated the training loader's split); with
-    ``shapes`` None the registration in place is kept.
+    so a test loader whose dict differed from the training loader's evaluated the training loader's split); no
+    ``shapes`` means the generator's defaults. A direct ``register_shapes`` call is recorded the same way.
     Returns the names as a list.
     """
     names = [names] if isinstance(names, str) else list(names)
@@ -134,16 +145,15 @@ def ensure_registered(names, shapes: dict | None = None) -> list[str]:
     for pair, register in ((SHAPES_NAMES, register_shapes), (SHAPES_ONE_CLASS_NAMES, register_shapes_one_class)):
         if not any(n in pair for n in names):
             continue
-        params = None if shapes is None else _plain(shapes)
+        params = _record(None, _plain(shapes or {}))  # no dict: the generator's defaults
         held = _SHAPES_REGISTERED.get(pair)
         registered = set(DatasetCatalog.list())
-        if any(n not in registered for n in pair) or (params is not None and held is not None and held != params):
-            # missing, or registered from other generator parameters than this config states (e.g. a test
+        if any(n not in registered for n in pair) or (held is not None and held != params):
+            # missing, or registered from other generator parameters than this loader states (e.g. a test
             # loader whose shapes dict differs from the training loader's): these names mean these parameters
-            if held is not None and params is not None and held != params:
+            if held is not None and held != params:
                 logger.info(f"{', '.join(pair)}: registered again from {params} (were {held})")
-            register(**dict(params or {}))  # register_coco replaces a name's catalog entries
-            _SHAPES_REGISTERED[pair] = dict(params or {})
+            register(**params)  # register_coco replaces a name's catalog entries; register_* records params
     registered = set(DatasetCatalog.list())
     missing = [n for n in names if n not in registered]
     if missing:
