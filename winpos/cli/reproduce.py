@@ -179,60 +179,46 @@ def _equivalence(args, log) -> int:
     return 0
 
 
-def _precision(args, log) -> int:
-    """The declared mixed-precision study (``winpos.experiments.precision``; docs/precision.md)."""
-    from winpos.experiments import precision as P
+def _shipped_study(args, log, name: str, study, run) -> int:
+    """A declared study that starts from the shipped demo detector (``study``: its module, with ``load_summary``
+    and ``format_<name>``): ``run(checkpoint, manifest, out)`` unless ``--report-only``, then its tables."""
     from winpos.model_zoo import demo_checkpoint
 
-    out = Path(args.output if args.output != "output/reproduce" else "output/precision")
+    out = Path(args.output if args.output != "output/reproduce" else f"output/{name}")
     if args.report_only:
-        summary = P.load_summary(out)
+        summary = study.load_summary(out)
     else:
         checkpoint = str(demo_checkpoint())
         summary = {}
-
-        def go():
-            summary.update(P.run_precision(args.config, checkpoint, str(Path(checkpoint).with_suffix(".json")), out,
-                                           iters=args.finetune_iters, seeds=tuple(args.seeds),
-                                           precisions=tuple(args.precisions), workers=args.workers,
-                                           threads=args.threads, lr=args.finetune_lr, log=log))
-
-        stopped = _run_study(go, log)
+        stopped = _run_study(lambda: summary.update(run(checkpoint, str(Path(checkpoint).with_suffix(".json")), out)),
+                             log)
         if stopped:
             return stopped
-    print(P.format_precision(summary))
-    print(f"\nplot: {out}/precision.png; every number: {out}/summary.json")
+    print(getattr(study, f"format_{name}")(summary))
+    plot = out / f"{name}.png"
+    print(f"\nplot: {plot if plot.is_file() else 'not in this folder (the run writes it beside summary.json)'}; "
+          f"every number: {out}/summary.json")
     return 0
+
+
+def _precision(args, log) -> int:
+    """The declared mixed-precision study (``winpos.experiments.precision``; docs/precision.md)."""
+    from winpos.experiments import precision as P
+
+    return _shipped_study(args, log, "precision", P, lambda ckpt, manifest, out: P.run_precision(
+        args.config, ckpt, manifest, out, iters=args.finetune_iters, seeds=tuple(args.seeds),
+        precisions=tuple(args.precisions), workers=args.workers, threads=args.threads, lr=args.finetune_lr, log=log))
 
 
 def _small_data(args, log) -> int:
     """The declared small-data study (``winpos.experiments.small_data``; docs/small_data.md)."""
     from winpos.experiments import small_data as S
-    from winpos.model_zoo import demo_checkpoint
 
-    out = Path(args.output if args.output != "output/reproduce" else "output/small_data")
-    if args.report_only:
-        summary = S.load_summary(out)
-    else:
-        checkpoint = str(demo_checkpoint())
-        summary = {}
-
-        def go():
-            seeds = S.SEEDS if args.seeds == [0, 1, 2, 3, 4] else tuple(args.seeds)  # left at the default: 0-3
-            summary.update(S.run_small_data(args.config, checkpoint, str(Path(checkpoint).with_suffix(".json")), out,
-                                            recipes=args.recipes or S.RECIPES, seeds=seeds,
-                                            train_images=tuple(args.train_images or S.TRAIN_IMAGES),
-                                            iters=args.finetune_iters or S.ITERS, lr=args.finetune_lr,
-                                            workers=args.workers, threads=args.threads, log=log))
-
-        stopped = _run_study(go, log)
-        if stopped:
-            return stopped
-    print(S.format_small_data(summary))
-    plot = out / "small_data.png"
-    print(f"\nplot: {plot if plot.is_file() else 'not in this folder (the run writes it beside summary.json)'}; "
-          f"every number: {out}/summary.json")
-    return 0
+    seeds = S.SEEDS if args.seeds == [0, 1, 2, 3, 4] else tuple(args.seeds)  # left at the default: 0-3
+    return _shipped_study(args, log, "small_data", S, lambda ckpt, manifest, out: S.run_small_data(
+        args.config, ckpt, manifest, out, recipes=args.recipes or S.RECIPES, seeds=seeds,
+        train_images=tuple(args.train_images or S.TRAIN_IMAGES), iters=args.finetune_iters or S.ITERS,
+        lr=args.finetune_lr, workers=args.workers, threads=args.threads, log=log))
 
 
 def _footing(args, log) -> int:

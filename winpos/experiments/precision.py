@@ -20,11 +20,11 @@ is several times slower than float32, bf16 faster where the CPU has bf16 instruc
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 from winpos.errors import WinposError
+from winpos.experiments.stats import format_ci
 from winpos.experiments import runs as R
 from winpos.experiments.protocol import Protocol, label, stage2_spec, zero_shot_spec
 
@@ -161,13 +161,6 @@ def run_precision(config: str, checkpoint: str, manifest: str, output_dir="outpu
     return summary
 
 
-def _ci(res: dict) -> str:
-    if res.get("ci") is None:
-        return f"{res['mean']:+.2f} (n={res['n']}: no interval)"
-    lo, hi = res["ci"]
-    return f"{res['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
-
-
 def format_precision(summary: dict) -> str:
     """The study as text: the inference table, the training table and one verdict line per contrast."""
     m = summary["margin"]
@@ -194,9 +187,9 @@ def format_precision(summary: dict) -> str:
             lines.append(f"{prec} - fp32: n={b['n']}, too few seeds for a test")
             continue
         per = ", ".join(f"{d:+.2f}" for d in b["diffs"])
-        lines.append(f"{prec} - fp32, box AP: per seed {per}; {_ci(b)} 95% CI, t p={b['p_t']:.3f} (Holm "
+        lines.append(f"{prec} - fp32, box AP: per seed {per}; {format_ci(b)} 95% CI, t p={b['p_t']:.3f} (Holm "
                      f"{c['p_t_holm']:.3f}), sign-flip p={b['p_sign_flip']:.3f}; TOST +-{m:g}: p={t['p_lower']:.3f} / "
-                     f"{t['p_upper']:.3f} (Holm {c['p_tost_holm']:.3f}); mask AP {_ci(c['segm'])}")
+                     f"{t['p_upper']:.3f} (Holm {c['p_tost_holm']:.3f}); mask AP {format_ci(c['segm'])}")
         lines.append(f"  -> {prec}: {VERDICTS[c['verdict']].format(m=m)}")
     return "\n".join(lines)
 
@@ -235,7 +228,7 @@ def plot_precision(summary: dict, path: str) -> None:
     for i, prec in enumerate(order):
         vals = [train[prec][s]["bbox"] for s in train[prec]]
         c = summary["contrasts"].get(prec)
-        text = "" if c is None or c["bbox"]["ci"] is None else f"{_ci(c['bbox'])}\nvs fp32: {c['verdict']}"
+        text = "" if c is None or c["bbox"]["ci"] is None else f"{format_ci(c['bbox'])}\nvs fp32: {c['verdict']}"
         b.errorbar([i + 0.12], [sum(vals) / len(vals)], fmt="D", color="C3", ms=6)
         b.annotate(text, (i + 0.2, sum(vals) / len(vals)), fontsize=7, va="center")
     b.set_xticks(range(len(order)), order)
@@ -253,7 +246,6 @@ def plot_precision(summary: dict, path: str) -> None:
 
 def load_summary(output_dir) -> dict:
     """The study's ``summary.json``, or one line saying how to make it."""
-    path = Path(output_dir) / "summary.json"
-    if not path.is_file():
-        raise WinposError(f"{path} does not exist; run `winpos-reproduce --precision --output {output_dir}` first")
-    return json.loads(path.read_text())
+    from winpos.experiments.reproduce import load_summary as load
+
+    return load(output_dir, "--precision")

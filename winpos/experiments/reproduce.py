@@ -24,26 +24,40 @@ DEFINING = ("config", "stage0_iters", "stage0_mask_ratio", "pretrain_iters", "fi
 
 def claim_folder(p: Protocol) -> Path:
     """Create or accept ``p.output_dir`` for this protocol (see the module docstring)."""
+    return claim_settings_folder(p.output_dir, {k: getattr(p, k) for k in DEFINING}, "protocol.json",
+                                 "a reproduction")
+
+
+def claim_settings_folder(output_dir, settings: dict, record: str, what: str) -> Path:
+    """Create ``output_dir`` with ``record`` (a json of ``settings``), or accept it when its record holds the same
+    settings; refuse a file, a folder of other settings (naming up to three) and a non-empty folder without it."""
     from winpos.utils.outputs import atomic_write_json, check_output_dir
 
-    out = Path(p.output_dir)
+    out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise WinposError(f"--output {out} is a file; pass a folder")
-    defining = {k: getattr(p, k) for k in DEFINING}
-    path = out / "protocol.json"
+    path = out / record
     if path.is_file():
         held = json.loads(path.read_text())
-        diff = [f"{k} {defining[k]!r} here, {held.get(k)!r} there" for k in DEFINING if held.get(k) != defining[k]]
+        diff = [f"{k} {settings[k]!r} here, {held.get(k)!r} there" for k in settings if held.get(k) != settings[k]]
         if diff:
-            raise WinposError(f"{out} holds a reproduction made with other settings ({'; '.join(diff[:3])}); pass "
+            raise WinposError(f"{out} holds {what} made with other settings ({'; '.join(diff[:3])}); pass "
                               "another --output")
         return out
     if out.is_dir() and any(out.iterdir()):
-        raise WinposError(f"{out} is not empty and holds no protocol.json; pass a new or empty --output")
+        raise WinposError(f"{out} is not empty and holds no {record}; pass a new or empty --output")
     check_output_dir(out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, defining)
+    atomic_write_json(path, settings)
     return out
+
+
+def load_summary(output_dir, flag: str) -> dict:
+    """A study's ``summary.json`` in ``output_dir``, or one line saying how to make it (``flag``: its option)."""
+    path = Path(output_dir) / "summary.json"
+    if not path.is_file():
+        raise WinposError(f"{path} does not exist; run `winpos-reproduce {flag} --output {output_dir}` first")
+    return json.loads(path.read_text())
 
 
 def stage1_info(p: Protocol, strict: bool = True) -> dict:

@@ -25,13 +25,13 @@ so the same command continues from the finished runs; nothing keeps the finetune
 """
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
 
 from winpos.d2.freeze import FREEZE_PRESETS
 from winpos.errors import WinposError
+from winpos.experiments.stats import format_ci
 from winpos.experiments import runs as R
 from winpos.experiments.protocol import PRETRAIN_SIZE
 
@@ -133,25 +133,9 @@ def analyze(runs: list) -> dict:
 
 def _claim(output_dir, settings: dict) -> Path:
     """``output_dir`` for these settings: created with its ``study.json``, or accepted when it holds the same."""
-    from winpos.utils.outputs import atomic_write_json, check_output_dir
+    from winpos.experiments.reproduce import claim_settings_folder
 
-    out = Path(output_dir)
-    if out.exists() and not out.is_dir():
-        raise WinposError(f"--output {out} is a file; pass a folder")
-    path = out / "study.json"
-    if path.is_file():
-        held = json.loads(path.read_text())
-        diff = [f"{k} {settings[k]!r} here, {held.get(k)!r} there" for k in settings if held.get(k) != settings[k]]
-        if diff:
-            raise WinposError(f"{out} holds a small-data study made with other settings ({'; '.join(diff[:3])}); "
-                              "pass another --output")
-        return out
-    if out.is_dir() and any(out.iterdir()):
-        raise WinposError(f"{out} is not empty and holds no study.json; pass a new or empty --output")
-    check_output_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, settings)
-    return out
+    return claim_settings_folder(output_dir, settings, "study.json", "a small-data study")
 
 
 def run_small_data(config: str, checkpoint: str, manifest: str, output_dir="output/small_data", recipes=RECIPES,
@@ -187,13 +171,6 @@ def run_small_data(config: str, checkpoint: str, manifest: str, output_dir="outp
     return summary
 
 
-def _ci(res: dict) -> str:
-    if res.get("ci") is None:
-        return f"{res['mean']:+.2f} (n={res['n']}: no interval)"
-    lo, hi = res["ci"]
-    return f"{res['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
-
-
 def format_small_data(summary: dict) -> str:
     """The study as text: box / mask AP per recipe and training-set size, then one line per contrast."""
     proto = summary.get("protocol", {})
@@ -213,9 +190,9 @@ def format_small_data(summary: dict) -> str:
             lines.append(f"{name}: n={b['n']}, too few seeds for a test")
             continue
         per = ", ".join(f"{d:+.2f}" for d in b["diffs"])
-        lines.append(f"{c['recipe']} - full at n={c['n_images']}, box AP: per seed {per}; {_ci(b)} 95% CI, t p="
+        lines.append(f"{c['recipe']} - full at n={c['n_images']}, box AP: per seed {per}; {format_ci(b)} 95% CI, t p="
                      f"{b['p_t']:.4f} (Holm {c['p_t_holm']:.4f}), sign-flip p={b['p_sign_flip']:.3f}; mask AP "
-                     f"{_ci(c['segm'])}")
+                     f"{format_ci(c['segm'])}")
         lines.append(f"  -> {c['recipe']} at n={c['n_images']}: {VERDICTS[c['verdict']]}")
     return "\n".join(lines)
 
@@ -279,7 +256,6 @@ def plot_small_data(summary: dict, path: str) -> None:
 
 def load_summary(output_dir) -> dict:
     """The study's ``summary.json``, or one line saying how to make it."""
-    path = Path(output_dir) / "summary.json"
-    if not path.is_file():
-        raise WinposError(f"{path} does not exist; run `winpos-reproduce --small-data --output {output_dir}` first")
-    return json.loads(path.read_text())
+    from winpos.experiments.reproduce import load_summary as load
+
+    return load(output_dir, "--small-data")

@@ -102,6 +102,14 @@ def describe(result: dict, unit: str = "AP") -> str:
     return f"{result['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}] p={result['p']:.3f} (n={result['n']})"
 
 
+def format_ci(res: dict) -> str:
+    """``+0.52 [-0.15, +1.18]`` of a ``t_test`` result, or its mean and ``(n=1: no interval)``."""
+    if res.get("ci") is None:
+        return f"{res['mean']:+.2f} (n={res['n']}: no interval)"
+    lo, hi = res["ci"]
+    return f"{res['mean']:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
 # ------------------------------------------------- over independent pipelines (the equal-footing study)
 def mean_interval(values: list, level: float = 0.95) -> dict:
     """Mean, sd and the ``level`` Student-t interval of ``values`` (over pipelines)."""
