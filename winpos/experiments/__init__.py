@@ -22,4 +22,5 @@ Modules:
                           (``winpos-reproduce --precision``)
     small_data            the declared small-data study: full finetuning vs a frozen trunk vs the RoI heads only
                           (``winpos-reproduce --small-data``)
+    study_commands        the declared studies as ``winpos-reproduce`` runs and prints them
 """
