@@ -40,11 +40,14 @@ SAM2_BUILD_CUDA=0 SAM2_BUILD_ALLOW_ERRORS=1 "${PIP[@]}" --no-build-isolation sam
 "${PIP[@]}" hiera-transformer==0.1.4 "timm==1.0.31" segment-anything==1.0 safetensors
 # SAM3's encoder (sam3.model.vitdet.ViT) is the oracle of the sam3 format; sam3 imports einops, iopath, ftfy and psutil
 # without declaring all of them. onnx + onnxruntime check winpos-export's graphs (the [export] extra); submitit runs
-# winpos-train --slurm (the [slurm] extra; its tests use submitit's local executor).
-"${PIP[@]}" sam3==0.1.4 einops iopath ftfy psutil onnx onnxruntime "submitit>=1.5"
+# winpos-train --slurm (the [slurm] extra; its tests use submitit's local executor). transformers is the oracle of the
+# checkpoints saved in Hugging Face names (winpos.checkpoints.hf); in the same call, so that pip keeps sam3's
+# huggingface-hub < 2 and typing_extensions < 4.16 (transformers 5.25 would need hub 2).
+"${PIP[@]}" sam3==0.1.4 einops iopath ftfy psutil onnx onnxruntime "submitit>=1.5" "transformers==5.24.0" \
+  "huggingface-hub>=0.30,<2.0" "typing_extensions>=4.8,<4.16"
 
 # winpos itself, editable, with test extras.
 "${PIP[@]}" --no-build-isolation -e "$ROOT[test]"
 
-"$PY" -c "import winpos, detectron2, sam2, timm, hiera, segment_anything, sam3, onnxruntime, submitit; print('[setup_env] ok: torch', __import__('torch').__version__)"
+"$PY" -c "import winpos, detectron2, sam2, timm, hiera, segment_anything, sam3, onnxruntime, submitit, transformers; print('[setup_env] ok: torch', __import__('torch').__version__)"
 echo "$HASH" > "$STAMP"

@@ -1,5 +1,6 @@
 """Import the checkpoints people already have (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, the LookHere
-authors' ViT-B, winpos).
+authors' ViT-B, SAM3's encoder, DINOv3, EVA-02, RoPE-ViT, winpos), and the same families saved by Hugging Face
+transformers.
 
 One pipeline: every file is read as data (``io``: ``torch.load(weights_only=True)``, safetensors, or a restricted
 unpickler for detectron2's ``.pkl``); ``formats.detect`` names its format (one vocabulary, ``formats.Format``); the
@@ -19,6 +20,8 @@ Modules:
     io          safe reads: ``weights_only`` torch files, safetensors, detectron2 ``.pkl`` as data
     formats     the vocabulary of checkpoint formats and ``detect``
     adapters/   one adapter per format: source names -> winpos trunk names and one embedding form
+    hf          Hugging Face transformers names (SAM, SAM2, SAM3, Hiera, ViTDet, DINOv3, ViT): told apart, renamed
+                into the family's own names for its adapter, the report naming the file's keys
     convert     the one conversion: shape checks, embedding form, relpos resampling
     report      ``LoadReport``: what an import did with every key
     presets     which winpos presets a checkpoint's trunk fits

@@ -32,6 +32,9 @@ format                    recognised by
                           ``pos_embed`` (a DeiT-III file has the same keys: name ``--format mae`` for it)
 ========================  ==========================================================================================
 
+The same families saved by Hugging Face ``transformers`` (``model.safetensors``, other names) are detected as the
+format they are renamed into (``winpos.checkpoints.hf``).
+
 ``parse_format`` also accepts the names older winpos versions used in the diagnostics (``timm_hiera_abswin``,
 ``vitdet``).
 """
@@ -208,7 +211,10 @@ def check_named_family(obj: Any, fmt: Format) -> None:
 
     if fmt not in _ROPE_FAMILIES or is_lookhere_container(obj):
         return
-    found = rope_family(unwrap_state_dict(obj, source="checkpoint"))
+    from winpos.checkpoints.hf import native_format
+
+    sd = unwrap_state_dict(obj, source="checkpoint")
+    found = native_format(sd) or rope_family(sd)
     if found != fmt:
         seen = f"format {found} ({found.spec.describe})" if found else "none of dinov3 / eva02 / rope_vit"
         raise WinposError(f"--format {fmt} (format={str(fmt)!r}) names a {fmt} checkpoint, but by its keys the file is "
@@ -224,7 +230,8 @@ def detect(obj: Any) -> Format:
     """The format of a loaded checkpoint (a container such as ``{"model": ...}`` or a flat state dict).
 
     The rules, first match wins: the LookHere authors' container; winpos's own embedding names anywhere (so a whole
-    winpos detector is ``winpos``); the RoPE-pretrained families' own keys (``rope_family``); SAM2's trunk names;
+    winpos detector is ``winpos``); Hugging Face transformers names (``winpos.checkpoints.hf``: the family they are
+    renamed into); the RoPE-pretrained families' own keys (``rope_family``); SAM2's trunk names;
     timm's ``pos_embed_win``; SAM v1's names or NHWC embedding; detectron2's ``backbone.net.`` prefix; then by the
     flat ``pos_embed``: a ``cls_token``, a cls row or a patch kernel of 14 px or more is a ViT (``mae``), a square
     grid behind a stride-4 stem is Hiera (``timm_hiera`` when the classifier is ``head.fc``); a trunk without any
@@ -242,6 +249,11 @@ def detect(obj: Any) -> Format:
     lasts = {_last(k) for k in keys}
     if any(k.endswith(WINPOS_POSITION_KEYS) for k in keys):
         return Format.WINPOS
+    from winpos.checkpoints.hf import native_format
+
+    hf = native_format(sd)
+    if hf is not None:
+        return hf
     if sam3_trunk(sd) is not None:
         return Format.SAM3
     family = rope_family(sd)
@@ -275,4 +287,4 @@ def detect(obj: Any) -> Format:
         f"could not tell the checkpoint's format from its {len(sd)} tensors (e.g. {sorted(keys)[:6]}; position-like keys: "
         f"{pos_like or 'none'}); name it (format= in load_external / effective_embeddings, --format in the tools) as "
         f"one of {', '.join(FORMATS)}, or check that it is a checkpoint of a Hiera or ViT backbone (Hugging Face "
-        "transformers names are not supported: convert with timm first)")
+        "transformers names are read for SAM, SAM2, SAM3, Hiera, ViTDet, DINOv3 and ViT / ViT-MAE)")

@@ -1,5 +1,6 @@
-r"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, winpos) into a winpos
-backbone, or a winpos checkpoint into another pos_embed choice.
+r"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, SAM3, DINOv3, EVA-02,
+RoPE-ViT, LookHere, winpos; SAM, SAM2, SAM3, Hiera, ViTDet, DINOv3 and ViT also in Hugging Face transformers names,
+e.g. a downloaded model.safetensors) into a winpos backbone, or a winpos checkpoint into another pos_embed choice.
 
     winpos-convert --input sam2.1_hiera_base_plus.pt --output hieradet_bplus.safetensors \
         --to hieradet_bplus [--recipe paper] [--pos-embed abswin] [--pos-global-size 56] [--format auto] [--force]

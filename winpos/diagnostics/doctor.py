@@ -171,15 +171,22 @@ def diagnose_backbone(net, image_size: int, name: str = "model", fix: str | None
 
 
 def load_state(checkpoint):
-    """``checkpoint``: None, a state dict, or a checkpoint file read as data (``winpos.checkpoints.io``)."""
-    if checkpoint is None or isinstance(checkpoint, dict):
-        return checkpoint
+    """``checkpoint``: None, a state dict, or a checkpoint file read as data (``winpos.checkpoints.io``); one in
+    Hugging Face transformers names is renamed into its family's own (``winpos.checkpoints.hf``)."""
+    if checkpoint is None:
+        return None
+    from winpos.checkpoints.hf import hf_family, to_native
     from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
 
-    try:
-        return unwrap_state_dict(load_checkpoint_object(checkpoint), f"--checkpoint {checkpoint}")
-    except FileNotFoundError as e:
-        raise WinposError(f"--checkpoint {checkpoint} does not exist; check the path") from e
+    if isinstance(checkpoint, dict):
+        sd = checkpoint
+    else:
+        try:
+            sd = unwrap_state_dict(load_checkpoint_object(checkpoint), f"--checkpoint {checkpoint}")
+        except FileNotFoundError as e:
+            raise WinposError(f"--checkpoint {checkpoint} does not exist; check the path") from e
+    # transformers names (vision_encoder.layers.N.attn.rel_pos_h): the tables are read under the family's own names
+    return to_native(sd).state_dict if hf_family(sd) else sd
 
 
 def _embedding_report(net, image_size: int, name: str, fix: str | None) -> DoctorReport:

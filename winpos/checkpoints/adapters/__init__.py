@@ -20,6 +20,9 @@ Modules:
     rope_vit        RoPE-ViT (naver-ai's and timm's)
     lookhere        the LookHere authors' ViT-B weights
     winpos_native   winpos's own HieraDet / ViTDet files, backbone-only
+
+The same families saved by Hugging Face ``transformers`` are renamed into these layouts first
+(``winpos.checkpoints.hf``).
 """
 from __future__ import annotations
 
@@ -46,7 +49,13 @@ ADAPTERS = {
 
 
 def adapt(state_dict: dict, fmt: Format) -> Adapted:
-    """The ``Adapted`` form of a flat state dict of format ``fmt`` (``report.source`` is the format's name)."""
+    """The ``Adapted`` form of a flat state dict of format ``fmt`` (``report.source`` is the format's name). A file in
+    Hugging Face transformers names is renamed into the format's own first (``winpos.checkpoints.hf``) and its
+    report names the file's keys."""
+    from winpos.checkpoints import hf
+
+    if hf.native_format(state_dict) == Format(fmt):
+        return hf.adapt(state_dict, Format(fmt).value, ADAPTERS[Format(fmt)])
     adapted = ADAPTERS[Format(fmt)](state_dict)
     adapted.source = Format(fmt).value
     return adapted

@@ -18,7 +18,7 @@ def adapt(state_dict: dict) -> Adapted:
     blocks, others = split_blocks(state_dict)
     for name, key in others.items():
         if name in ("storage_tokens", "reg_token"):
-            a.ignore(key, REGISTER_TOKENS, lost=True)
+            a.ignore(key, REGISTER_TOKENS, lost=state_dict[key].numel() > 0)  # (1, 0, C): a model without any
         elif name == "mask_token":
             a.ignore(key, "masked-token embedding of pretraining")
         elif name.startswith("local_cls_norm."):
