@@ -10,6 +10,7 @@ import torch
 from detectron2.modeling import SimpleFeaturePyramid
 from detectron2.modeling.backbone.fpn import LastLevelMaxPool
 
+from tests.conftest import require
 from winpos.d2 import HieraDetBackbone, ViTDetBackbone
 from winpos.d2.checkpoint import RNGState, WinposCheckpointer, checkpoint_flags, load_init_checkpoint
 
@@ -203,3 +204,20 @@ def test_checkpoint_path_flags_are_checked(path, message):
     assert checkpoint_flags("a/b.pth?allow_loss=True&matching_heuristics=true") == (
         "a/b.pth", {"matching_heuristics": True, "allow_loss": True})
     assert checkpoint_flags("a/b.pth") == ("a/b.pth", {"matching_heuristics": False, "allow_loss": False})
+
+
+def test_init_from_a_hugging_face_transformers_file(tmp_path):
+    """``train.init_checkpoint`` = a ViTDet as transformers' ``save_pretrained`` writes it (``model.safetensors``):
+    the trunk converted by the winpos importer, equal to transformers' forward on the same weights."""
+    transformers = require("transformers")
+    cfg = transformers.VitDetConfig(hidden_size=96, num_hidden_layers=4, num_attention_heads=3, image_size=64,
+                                    pretrain_image_size=224, patch_size=16, window_size=4, window_block_indices=[0, 2],
+                                    use_relative_position_embeddings=True)
+    hf = _randomize(transformers.VitDetModel(cfg)).eval()
+    hf.save_pretrained(tmp_path / "hub")
+    dst = _vit_detector()
+    msg = load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "hub" / "model.safetensors"))
+    assert "winpos importer (detectron2 (Hugging Face transformers names))" in msg, msg
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(dst.backbone.net.net.eval()(x), hf(x).last_hidden_state, rtol=1e-4, atol=1e-4)
