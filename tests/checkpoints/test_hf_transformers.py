@@ -367,3 +367,17 @@ def test_the_diagnostics_read_a_transformers_file(tmp_path):
     assert emb["format"] == "sam" and emb["name"] == "vision_encoder.pos_embed"
     assert emb["native_from"] == "the stored 8x8 grid x patch size 16 px"
     assert "256x256 px (16x16 tokens, 4x4-token windows)" in emb["targets"][0]["verdict"]
+
+
+def test_the_doctor_reads_relpos_tables_under_transformers_names():
+    """``winpos-posemb doctor --checkpoint``: the relpos table lengths come from the file (its transformers names),
+    not from the model the doctor built; a shortened global table reads as stretched further."""
+    from winpos.diagnostics.doctor import diagnose_backbone
+
+    sd = _hf_sam().state_dict()
+    sd = {k: (v[:9] if "layers.2.attn.rel_pos" in k else v) for k, v in sd.items()}
+    net = ViTDet(img_size=128, embed_dim=32, depth=3, num_heads=2, window_size=4, global_blocks=(2,),
+                 pretrain_img_size=128, pretrain_use_cls_token=False)
+    text = diagnose_backbone(net, 256, checkpoint=sd).text()
+    assert "tables STRETCHED 9 -> 31" in text and "tables 7 long used as stored" in text, text
+    assert "tables STRETCHED 15 -> 31" in diagnose_backbone(net, 256).text()
