@@ -294,14 +294,6 @@ def test_sam2_equals_transformers():
 
 
 # ----------------------------------------------------------------------------------------------------- refusals
-def test_dinov2_is_refused_by_name():
-    T = _T()
-    sd = T.Dinov2Model(T.Dinov2Config(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                                      patch_size=14)).state_dict()
-    with pytest.raises(WinposError, match="DINOv2 .* no DINOv2 preset"):
-        detect(sd)
-
-
 def test_an_incomplete_fused_projection_is_refused():
     sd = _hf_vit().state_dict()
     del sd["layers.1.attention.v_proj.weight"]

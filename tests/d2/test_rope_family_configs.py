@@ -1,4 +1,4 @@
-"""COCO recipes of ViTDet from DINOv3, EVA-02 and RoPE-ViT, by name: each instantiates at full size (meta parameters),
+"""COCO recipes of ViTDet from DINOv3, EVA-02, RoPE-ViT and DINOv2, by name: each instantiates at full size (meta parameters),
 saves to and rebuilds from ``config.yaml``, takes layer-wise lr decay over its own depth, names its weights; and each
 family trains five iterations on the CPU from a converted random-init timm checkpoint, loaded by the same
 ``train.init_checkpoint`` path as a real run (the trunk narrowed to two blocks of width 128 by overrides, a 128 px
@@ -19,6 +19,7 @@ FAMILIES = {
     "dinov3": ("vitdet_dinov3", "original", "vit_{}_patch16_dinov3"),
     "eva02": ("vitdet_eva02", "original", "eva02_{}_patch14_224"),
     "ropevit": ("vitdet_ropevit", "mixed", "vit_{}_patch16_rope_mixed_224"),
+    "dinov2": ("vitdet_dinov2", "paper", "vit_{}_patch14_dinov2"),  # an absolute embedding: abs-win, the fix
 }
 SIZES = {"b": ("base", 12, 768, 0.7), "l": ("large", 24, 1024, 0.8)}
 ROPE_FAMILY_CONFIGS = [f"COCO/{kind}_vitdet_{fam}_{s}_100ep.py" for kind in ("mask_rcnn", "cascade_mask_rcnn")

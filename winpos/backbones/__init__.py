@@ -9,6 +9,7 @@ Modules:
     hieradet        HieraDet, the hierarchical Hiera trunk (SAM2's image encoder), and its presets
     rope_vits       ViTDet presets for the ViTs pretrained with RoPE (DINOv3, EVA-02, RoPE-ViT)
     sam3_encoder    ViTDet presets for SAM3's image encoder
+    dinov2          ViTDet presets for DINOv2 (LayerScale, absolute embedding, patch 14 as stride 16)
     registry        named presets and the one ``create`` entry point
     fused           fused CPU inference steps of the blocks (linear + GELU, linear + residual add)
     export          a model to ONNX, ``.pt2`` and TorchScript, each checked in its runtime

@@ -27,7 +27,7 @@ PRESETS: dict[str, Callable[..., nn.Module]] = {}
 
 # Model files that register presets when imported.
 _MODEL_MODULES = ("winpos.backbones.vitdet", "winpos.backbones.hieradet", "winpos.backbones.rope_vits",
-                  "winpos.backbones.sam3_encoder")
+                  "winpos.backbones.sam3_encoder", "winpos.backbones.dinov2")
 
 
 def register_preset(name: str):

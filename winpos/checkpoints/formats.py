@@ -20,6 +20,8 @@ format                    recognised by
 ``winpos``                winpos's own HieraDet / ViTDet, backbone-only or a whole detector: ``pos_embed.pos_embed``
                           or ``pos_embed.global_embed`` + ``pos_embed.window_embed`` (or no embedding at all)
 ``lookhere``              the LookHere authors' ViT-B: ``{"weights": ..., "config": {"head_directions": ...}}``
+``dinov2``                DINOv2 (Meta's or timm's): LayerScale ``blocks.0.ls1.gamma`` beside a flat ``pos_embed`` and a
+                          14 px patch kernel
 ``dinov3``                DINOv3: ``storage_tokens`` (Meta's layout) or timm's ``reg_token (1, 4, C)`` beside a
                           ``cls_token`` and no ``pos_embed``
 ``eva02``                 EVA-02 (MIM, timm or ``backbone.net.``): a query / value bias without a key bias
@@ -49,7 +51,7 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "parse_format",
+__all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "is_dinov2", "parse_format",
            "check_named_family", "rope_family", "sam3_trunk"]
 
 
@@ -77,6 +79,7 @@ class Format(str, enum.Enum):
     DETECTRON2 = "detectron2"
     WINPOS = "winpos"
     LOOKHERE = "lookhere"
+    DINOV2 = "dinov2"
     DINOV3 = "dinov3"
     EVA02 = "eva02"
     ROPE_VIT = "rope_vit"
@@ -115,6 +118,8 @@ _SPECS = {
                                                         "pos_embed.global_embed + pos_embed.window_embed)"),
     Format.LOOKHERE: FormatSpec("vit", 14, 16, False, False, "LookHere authors' ViT-B (weights + config, no "
                                                              "position embedding)"),
+    Format.DINOV2: FormatSpec("vit", 14, 14, False, False, "DINOv2 ViT (patch 14, LayerScale, pos_embed (1, [1+]N, "
+                                                           "C) of the 37x37 grid at 518 px, optional register tokens)"),
     Format.DINOV3: FormatSpec("vit", 14, 16, False, False, "DINOv3 ViT (RoPE on centered coordinates, storage "
                                                            "tokens, LayerScale; no position embedding)"),
     Format.EVA02: FormatSpec("vit", 16, 14, False, False, "EVA-02 ViT (patch 14, RoPE rescaled to the pretraining "
@@ -204,6 +209,15 @@ def rope_family(sd: dict) -> Format | None:
     return None
 
 
+def is_dinov2(sd: dict) -> bool:
+    """DINOv2 in Meta's or timm's names: LayerScale ``blocks.0.ls1.gamma`` (DeiT-III and RoPE-ViT name it
+    ``gamma_1``) with a flat ``pos_embed`` and a 14 px patch kernel (DINOv3 has no ``pos_embed``, EVA-02 no
+    ``ls1``)."""
+    pos, patch = sd.get("pos_embed"), sd.get("patch_embed.proj.weight")
+    return ("blocks.0.ls1.gamma" in sd and isinstance(pos, torch.Tensor) and pos.dim() == 3
+            and isinstance(patch, torch.Tensor) and patch.dim() == 4 and patch.shape[-1] == 14)
+
+
 def check_named_family(obj: Any, fmt: Format) -> None:
     """Refuse a file named as one RoPE-pretrained family (``--format dinov3 / eva02 / rope_vit``) whose keys are
     another's or none of theirs: each adapter would read it into a broken trunk."""
@@ -231,8 +245,8 @@ def detect(obj: Any) -> Format:
 
     The rules, first match wins: the LookHere authors' container; winpos's own embedding names anywhere (so a whole
     winpos detector is ``winpos``); Hugging Face transformers names (``winpos.checkpoints.hf``: the family they are
-    renamed into); the RoPE-pretrained families' own keys (``rope_family``); SAM2's trunk names;
-    timm's ``pos_embed_win``; SAM v1's names or NHWC embedding; detectron2's ``backbone.net.`` prefix; then by the
+    renamed into); the RoPE-pretrained families' own keys (``rope_family``); DINOv2's (``is_dinov2``); SAM2's trunk
+    names; timm's ``pos_embed_win``; SAM v1's names or NHWC embedding; detectron2's ``backbone.net.`` prefix; then by the
     flat ``pos_embed``: a ``cls_token``, a cls row or a patch kernel of 14 px or more is a ViT (``mae``), a square
     grid behind a stride-4 stem is Hiera (``timm_hiera`` when the classifier is ``head.fc``); a trunk without any
     token embedding is winpos's (``pos_embed="none"``).
@@ -259,6 +273,8 @@ def detect(obj: Any) -> Format:
     family = rope_family(sd)
     if family is not None:
         return family
+    if is_dinov2(sd):
+        return Format.DINOV2
     if any(k.startswith("image_encoder.trunk.") or ".mlp.layers." in k for k in keys) or "pos_embed_window" in lasts:
         return Format.SAM2
     if "pos_embed_win" in lasts:
@@ -287,4 +303,4 @@ def detect(obj: Any) -> Format:
         f"could not tell the checkpoint's format from its {len(sd)} tensors (e.g. {sorted(keys)[:6]}; position-like keys: "
         f"{pos_like or 'none'}); name it (format= in load_external / effective_embeddings, --format in the tools) as "
         f"one of {', '.join(FORMATS)}, or check that it is a checkpoint of a Hiera or ViT backbone (Hugging Face "
-        "transformers names are read for SAM, SAM2, SAM3, Hiera, ViTDet, DINOv3 and ViT / ViT-MAE)")
+        "transformers names are read for SAM, SAM2, SAM3, Hiera, ViTDet, DINOv2, DINOv3 and ViT / ViT-MAE)")

@@ -1,11 +1,11 @@
 """Hugging Face ``transformers`` checkpoints: told apart by their names and read through the family's own adapter.
 
-The Hub's copies of SAM, SAM2, SAM3, Hiera, ViTDet, DINOv3 and ViT / ViT-MAE are mostly saved by ``transformers``
+The Hub's copies of SAM, SAM2, SAM3, Hiera, ViTDet, DINOv2, DINOv3 and ViT / ViT-MAE are mostly saved by ``transformers``
 (``model.safetensors`` beside a ``config.json``), under names the authors' code never used
 (``vision_encoder.layers.0.layer_norm1`` for SAM's ``image_encoder.blocks.0.norm1``). ``hf_family`` names the family a
 flat state dict belongs to by keys only ``transformers`` writes; ``to_native`` renames it into the layout the family's
 adapter already reads (its authors', or timm's for ViT), fusing the separate query / key / value projections of ViT
-and SAM3 into one ``qkv``; ``adapt`` runs that adapter and gives every entry of the result its file key back, so a
+SAM3 and DINOv2 into one ``qkv``; ``adapt`` runs that adapter and gives every entry of the result its file key back, so a
 load report names the keys of the file on disk. Nothing about the weights changes: a renamed tensor is the same
 tensor, a fused one the rows of its parts in the order ``nn.Linear(dim, 3 * dim)`` splits them.
 
@@ -24,13 +24,12 @@ ViTDet         ``embeddings.projection`` +                           ``detectron
                ``encoder.layer.N.attention.qkv``
 DINOv3         ``embeddings.patch_embeddings`` as a bare conv +      ``dinov3`` (Meta's names; SwiGLU ``w1-w3``)
                ``[model.]layer.N.layer_scale1.lambda1``
+DINOv2         ``embeddings.patch_embeddings.projection`` +          ``dinov2`` (Meta's names; SwiGLU ``w12`` / ``w3``)
+               ``layer_scale1.lambda1`` and ``position_embeddings``
 ViT, ViT-MAE   ``embeddings.patch_embeddings.projection`` + the      ``mae`` (timm's names)
                ``layernorm_before`` of ``encoder.layer.N`` (files
                of transformers 4) or ``layers.N`` (5)
 =============  ====================================================  =============================================
-
-Not read: DINOv2 (``layer_scale1`` with a ``position_embeddings``: no winpos preset has its patch-14 LayerScale ViT);
-the message says so instead of guessing another family.
 """
 from __future__ import annotations
 
@@ -100,25 +99,26 @@ def _vit_prefix(sd: dict) -> str | None:
     return None
 
 
-def _dinov2(sd: dict) -> bool:
-    return any(k.endswith("layer.0.layer_scale1.lambda1") for k in sd) and any(
-        k.endswith("embeddings.position_embeddings") for k in sd)
+def _dinov2_prefix(sd: dict) -> str | None:
+    prefix = _prefix_of(sd, r"embeddings\.patch_embeddings\.projection\.weight")
+    if prefix is None or f"{prefix}embeddings.position_embeddings" not in sd:
+        return None
+    if _has(sd, prefix, "encoder.layer.0.layer_scale1.lambda1") or _has(sd, prefix, "layers.0.layer_scale1.lambda1"):
+        return prefix
+    return None
 
 
 def hf_family(sd: dict) -> str | None:
-    """The family (``"sam"``, ``"sam2"``, ``"sam3"``, ``"hiera"``, ``"vitdet"``, ``"dinov3"``, ``"vit"``) whose
-    ``transformers`` names ``sd`` has, or None. A DINOv2 file is refused here: its names would otherwise read as a
-    plain ViT that silently drops its LayerScale."""
+    """The family (``"sam"``, ``"sam2"``, ``"sam3"``, ``"hiera"``, ``"vitdet"``, ``"dinov3"``, ``"dinov2"``,
+    ``"vit"``) whose ``transformers`` names ``sd`` has, or None."""
     for family, anchor, others in _RULES:
         prefix = _prefix_of(sd, anchor)
         if prefix is not None and _has(sd, prefix, *others):
             return family
     if _dinov3_prefix(sd) is not None:
         return "dinov3"
-    if _dinov2(sd):
-        raise WinposError("this is a DINOv2 checkpoint in Hugging Face transformers names (LayerScale with a learned "
-                          "position embedding at patch 14); winpos has no DINOv2 preset: use DINOv3 (vitdet_dinov3_*) "
-                          "or an MAE / timm ViT")
+    if _dinov2_prefix(sd) is not None:
+        return "dinov2"
     if _vit_prefix(sd) is not None:
         return "vit"
     return None
@@ -128,7 +128,7 @@ def _native_format(family: str):
     from winpos.checkpoints.formats import Format
 
     return {"sam": Format.SAM, "sam2": Format.SAM2, "sam3": Format.SAM3, "hiera": Format.HIERA,
-            "vitdet": Format.DETECTRON2, "dinov3": Format.DINOV3, "vit": Format.MAE}[family]
+            "vitdet": Format.DETECTRON2, "dinov3": Format.DINOV3, "dinov2": Format.DINOV2, "vit": Format.MAE}[family]
 
 
 def native_format(sd: dict):
@@ -165,6 +165,16 @@ _DINOV3 = ((r"^embeddings\.patch_embeddings\.", "patch_embed.proj."), (r"^embedd
            (r"^(?:model\.)?layer\.(\d+)\.mlp\.down_proj\.", r"blocks.\1.mlp.DOWN."),
            (r"^(?:model\.)?layer\.(\d+)\.mlp\.up_proj\.", r"blocks.\1.mlp.UP."),
            (r"^(?:model\.)?layer\.(\d+)\.", r"blocks.\1."))
+_LAYER = r"^(?:encoder\.layer|layers)\.(\d+)\."
+_DINOV2 = ((r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
+           (r"^embeddings\.position_embeddings$", "pos_embed"), (r"^embeddings\.cls_token$", "cls_token"),
+           (r"^embeddings\.mask_token$", "mask_token"), (r"^embeddings\.register_tokens$", "register_tokens"),
+           (r"^layernorm\.", "norm."), (_LAYER + r"layer_scale1\.lambda1$", r"blocks.\1.ls1.gamma"),
+           (_LAYER + r"layer_scale2\.lambda1$", r"blocks.\1.ls2.gamma"),
+           (_LAYER + r"attention\.(?:output\.dense|o_proj)\.", r"blocks.\1.attn.proj."),
+           (_LAYER + r"mlp\.weights_in\.", r"blocks.\1.mlp.w12."), (_LAYER + r"mlp\.weights_out\.", r"blocks.\1.mlp.w3."),
+           (_LAYER + r"mlp\.gate_proj\.", r"blocks.\1.mlp.w1."), (_LAYER + r"mlp\.up_proj\.", r"blocks.\1.mlp.w2."),
+           (_LAYER + r"mlp\.down_proj\.", r"blocks.\1.mlp.w3."), (_LAYER, r"blocks.\1."))
 _VIT = ((r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
         (r"^embeddings\.position_embeddings$", "pos_embed"), (r"^embeddings\.cls_token$", "cls_token"),
         (r"^embeddings\.mask_token$", "mask_token"), (r"^layernorm\.", "norm."), (r"^pooler\.", "head.pooler."),
@@ -173,17 +183,20 @@ _VIT = ((r"^embeddings\.patch_embeddings\.projection\.", "patch_embed.proj."),
         (r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.(?:output\.dense|o_proj)\.", r"blocks.\1.attn.proj."),
         (r"^(?:encoder\.layer|layers)\.(\d+)\.(?:intermediate\.dense|mlp\.fc1)\.", r"blocks.\1.mlp.fc1."),
         (r"^(?:encoder\.layer|layers)\.(\d+)\.(?:output\.dense|mlp\.fc2)\.", r"blocks.\1.mlp.fc2."))
-_TABLES = {"sam": _SAM, "sam2": _SAM2, "sam3": _SAM3, "vitdet": _VITDET, "dinov3": _DINOV3, "vit": _VIT}
+_TABLES = {"sam": _SAM, "sam2": _SAM2, "sam3": _SAM3, "vitdet": _VITDET, "dinov3": _DINOV3, "dinov2": _DINOV2,
+           "vit": _VIT}
 # the prefix the family's adapter expects in place of the file's (None: keep the file's)
 _NATIVE_PREFIX = {"sam": "image_encoder.", "sam2": "image_encoder.trunk.", "sam3": None, "hiera": "",
-                  "vitdet": "backbone.net.", "dinov3": "", "vit": ""}
+                  "vitdet": "backbone.net.", "dinov3": "", "dinov2": "", "vit": ""}
 # outside the prefix: keys renamed so the adapter names them (a ViT classifier is timm's ``head``)
-_OUTSIDE = {"vit": ((r"^classifier\.", "head."),), "hiera": ((r"^classifier\.", "head."),)}
+_OUTSIDE = {"vit": ((r"^classifier\.", "head."),), "hiera": ((r"^classifier\.", "head."),),
+            "dinov2": ((r"^classifier\.", "head."),)}
 _QKV = {  # families whose query / key / value are separate in transformers and fused in the native layout
     "sam3": re.compile(r"^layers\.(\d+)\.attention\.([qkv])_proj\.(weight|bias)$"),
     "vit": re.compile(r"^(?:encoder\.layer|layers)\.(\d+)\.attention\.(?:attention\.)?(q|k|v|query|key|value)"
                       r"(?:_proj)?\.(weight|bias)$"),
 }
+_QKV["dinov2"] = _QKV["vit"]
 
 
 def _rename(name: str, table) -> str | None:
@@ -227,12 +240,14 @@ def to_native(sd: dict, family: str | None = None) -> Translation:
     family = family or hf_family(sd)
     if family is None:
         raise WinposError("the checkpoint is not in Hugging Face transformers names (no SAM, SAM2, SAM3, Hiera, ViTDet, "
-                          "DINOv3 or ViT layout found)")
+                          "DINOv2, DINOv3 or ViT layout found)")
     anchors = {f: a for f, a, _ in _RULES}
     if family == "dinov3":
         prefix = _dinov3_prefix(sd)
     elif family == "vit":
         prefix = _vit_prefix(sd)
+    elif family == "dinov2":
+        prefix = _dinov2_prefix(sd)
     else:
         prefix = _prefix_of(sd, anchors[family])
     if family == "sam":

@@ -1,5 +1,5 @@
-"""Load detectron2 ViTDet, segment-anything ``ImageEncoderViT``, MAE / timm ViT, DINOv3, EVA-02, RoPE-ViT and winpos's
-own ViTDet weights into ``winpos`` ``ViTDet``.
+"""Load detectron2 ViTDet, segment-anything ``ImageEncoderViT``, MAE / timm ViT, DINOv2, DINOv3, EVA-02, RoPE-ViT and
+winpos's own ViTDet weights into ``winpos`` ``ViTDet``.
 
 The format is told by ``winpos.checkpoints.formats.detect``; the per-format renaming lives in
 ``winpos.checkpoints.adapters`` (``detectron2``, ``sam``, ``mae``, ``winpos_native``) and every check and conversion
@@ -29,7 +29,7 @@ from winpos.errors import WinposError
 __all__ = ["vit_format", "convert_detectron2_vit", "convert_sam_image_encoder", "convert_mae_vit",
            "convert_winpos_vitdet", "convert_to_vitdet", "load_vitdet_weights", "load_vitdet_checkpoint"]
 
-SOURCES = ("detectron2", "sam", "mae", "winpos", "dinov3", "eva02", "rope_vit", "sam3")
+SOURCES = ("detectron2", "sam", "mae", "winpos", "dinov2", "dinov3", "eva02", "rope_vit", "sam3")
 
 
 def vit_format(state_dict) -> Format:

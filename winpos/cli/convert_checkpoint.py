@@ -1,5 +1,5 @@
-r"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, SAM3, DINOv3, EVA-02,
-RoPE-ViT, LookHere, winpos; SAM, SAM2, SAM3, Hiera, ViTDet, DINOv3 and ViT also in Hugging Face transformers names,
+r"""Convert an outside checkpoint (official Hiera, SAM2, timm, SAM, MAE, detectron2 ViTDet, SAM3, DINOv2, DINOv3,
+EVA-02, RoPE-ViT, LookHere, winpos; SAM, SAM2, SAM3, Hiera, ViTDet, DINOv2, DINOv3 and ViT also in Hugging Face names,
 e.g. a downloaded model.safetensors) into a winpos backbone, or a winpos checkpoint into another pos_embed choice.
 
     winpos-convert --input sam2.1_hiera_base_plus.pt --output hieradet_bplus.safetensors \
@@ -31,8 +31,8 @@ from winpos.utils.cli import ArgumentParser, positive_int, run_cli
 SUFFIXES = (".safetensors", ".pth", ".pt")
 POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
 # winpos.checkpoints.formats.FORMATS, written out so that --help imports no torch (a test keeps them equal)
-FORMATS = ("sam2", "hiera", "timm_hiera", "timm_abswin", "sam", "mae", "detectron2", "winpos", "lookhere", "dinov3",
-           "eva02", "rope_vit", "sam3")
+FORMATS = ("sam2", "hiera", "timm_hiera", "timm_abswin", "sam", "mae", "detectron2", "winpos", "lookhere", "dinov2",
+           "dinov3", "eva02", "rope_vit", "sam3")
 
 
 def build_parser():

@@ -15,6 +15,7 @@ Modules:
     sam3            SAM3's image encoder, bare or inside a whole SAM3 checkpoint
     mae             MAE / timm-style ViT encoders
     detectron2      detectron2 ViTDet (``.pkl`` of numpy arrays or ``.pth``)
+    dinov2          DINOv2 (Meta's layout and timm's)
     dinov3          DINOv3 (Meta's layout and timm's)
     eva02           EVA-02 (MIM, detection and timm checkpoints)
     rope_vit        RoPE-ViT (naver-ai's and timm's)
@@ -26,7 +27,7 @@ The same families saved by Hugging Face ``transformers`` are renamed into these 
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters import (detectron2, dinov3, eva02, hiera, lookhere, mae, rope_vit, sam, sam2, sam3,
+from winpos.checkpoints.adapters import (detectron2, dinov2, dinov3, eva02, hiera, lookhere, mae, rope_vit, sam, sam2, sam3,
                                         timm_abswin, winpos_native)
 from winpos.checkpoints.convert import Adapted
 from winpos.checkpoints.formats import Format
@@ -41,6 +42,7 @@ ADAPTERS = {
     Format.DETECTRON2: detectron2.adapt,
     Format.WINPOS: winpos_native.adapt,
     Format.LOOKHERE: lookhere.adapt,
+    Format.DINOV2: dinov2.adapt,
     Format.DINOV3: dinov3.adapt,
     Format.EVA02: eva02.adapt,
     Format.ROPE_VIT: rope_vit.adapt,
