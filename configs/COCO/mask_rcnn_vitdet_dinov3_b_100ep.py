@@ -4,8 +4,8 @@
 # token embedding, axial RoPE on centered coordinates of each window (global blocks: of the grid).
 #
 # Weights: timm's vit_base_patch16_dinov3.lvd1689m (https://huggingface.co/timm/vit_base_patch16_dinov3.lvd1689m,
-# model.safetensors) or Meta's dinov3_vitb16_pretrain_lvd1689m-*.pth (https://github.com/facebookresearch/dinov3,
-# access on request); both layouts are read. Its four storage tokens have no place in a windowed trunk: the import
+# model.safetensors), Meta's dinov3_vitb16_pretrain_lvd1689m-*.pth (https://github.com/facebookresearch/dinov3,
+# access on request) or transformers' facebook/dinov3-vitb16-pretrain-lvd1689m (model.safetensors); all are read. Its four storage tokens have no place in a windowed trunk: the import
 # drops them and reports it (winpos-convert says so and needs --allow-loss; here the path's ?allow_loss=True accepts
 # that loss and no other: without it the run stops at the load). Check the file first with
 #   winpos-convert --input model.safetensors --to vitdet_dinov3_b --output dinov3_b.pth --allow-loss
