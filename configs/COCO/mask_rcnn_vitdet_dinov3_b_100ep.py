@@ -5,9 +5,10 @@
 #
 # Weights: timm's vit_base_patch16_dinov3.lvd1689m (https://huggingface.co/timm/vit_base_patch16_dinov3.lvd1689m,
 # model.safetensors), Meta's dinov3_vitb16_pretrain_lvd1689m-*.pth (https://github.com/facebookresearch/dinov3,
-# access on request) or transformers' facebook/dinov3-vitb16-pretrain-lvd1689m (model.safetensors); all are read. Its four storage tokens have no place in a windowed trunk: the import
-# drops them and reports it (winpos-convert says so and needs --allow-loss; here the path's ?allow_loss=True accepts
-# that loss and no other: without it the run stops at the load). Check the file first with
+# access on request) or transformers' facebook/dinov3-vitb16-pretrain-lvd1689m (model.safetensors); all are read.
+# Its four storage tokens have no place in a windowed trunk: the import drops them and reports it (winpos-convert
+# says so and needs --allow-loss; here the path's ?allow_loss=True accepts that loss and no other: without it the
+# run stops at the load). Check the file first with
 #   winpos-convert --input model.safetensors --to vitdet_dinov3_b --output dinov3_b.pth --allow-loss
 from ..common.schedule import coco_schedule
 from .mask_rcnn_vitdet_b_100ep import dataloader, model, optimizer, train
