@@ -183,3 +183,40 @@ def test_other_layerscale_vits_are_not_taken_for_dinov2():
     assert detect(sd) != Format.DINOV2  # a patch-16 LayerScale ViT is not DINOv2
     sd["patch_embed.proj.weight"] = torch.zeros(8, 3, 14, 14)
     assert detect(sd) == Format.DINOV2
+
+
+def test_transformers_4_names_read_the_same():
+    """The Hub's DINOv2 files carry transformers 4's names (``attention.attention.query``, ``attention.output.dense``,
+    SwiGLU ``mlp.weights_in`` / ``weights_out``); they convert to the same tensors as transformers 5's."""
+    import re
+
+    from winpos.checkpoints.hf import to_native
+
+    for swiglu in (False, True):
+        sd = _hf(0, swiglu=swiglu).state_dict()
+        legacy = {}
+        for k, v in sd.items():
+            k = re.sub(r"attention\.([qkv])_proj", lambda m: "attention.attention." + {"q": "query", "k": "key",
+                                                                                     "v": "value"}[m.group(1)], k)
+            k = k.replace("attention.o_proj", "attention.output.dense")
+            legacy[k] = v
+        if swiglu:
+            for i in range(2):
+                p = f"encoder.layer.{i}.mlp."
+                for part in ("weight", "bias"):
+                    legacy[f"{p}weights_in.{part}"] = torch.cat([legacy.pop(f"{p}gate_proj.{part}"),
+                                                                 legacy.pop(f"{p}up_proj.{part}")])
+                    legacy[f"{p}weights_out.{part}"] = legacy.pop(f"{p}down_proj.{part}")
+        assert legacy.keys() != sd.keys()
+        ours = {}
+        for layout in (sd, legacy):
+            model = _target(56, mlp_ratio=sd["encoder.layer.0.mlp." + ("down_proj" if swiglu else "fc2") +
+                                            ".weight"].shape[1] / 64, **HF_SIZE,
+                            **({"block": {"mlp": "swiglu"}} if swiglu else {}))
+            converted, report = load_external(layout, model)
+            assert not report.unknown and not report.missing, report.summary()
+            ours[len(ours)] = converted
+        assert ours[0].keys() == ours[1].keys()
+        for k in ours[0]:
+            torch.testing.assert_close(ours[0][k], ours[1][k], rtol=0, atol=0)
+        assert "blocks.0.mlp.w12.weight" in to_native(legacy).state_dict or not swiglu
