@@ -22,6 +22,7 @@ from winpos.backbones.vitdet import ViTDet
 from winpos.checkpoints import load_external
 from winpos.checkpoints.formats import Format, detect
 from winpos.checkpoints.hf import hf_family, to_native
+from winpos.checkpoints.io import load_checkpoint_object
 from winpos.errors import WinposError
 
 TOL = 1e-4
@@ -373,3 +374,28 @@ def test_the_doctor_reads_relpos_tables_under_transformers_names():
     text = diagnose_backbone(net, 256, checkpoint=sd).text()
     assert "tables STRETCHED 9 -> 31" in text and "tables 7 long used as stored" in text, text
     assert "tables STRETCHED 15 -> 31" in diagnose_backbone(net, 256).text()
+
+
+@pytest.mark.parametrize("shard", [None, "60KB"], ids=["one_file", "sharded"])
+def test_a_model_folder_is_read_whole(tmp_path, shard):
+    """``save_pretrained``'s folder (or a Hub snapshot) as the input: its ``model.safetensors``, or every shard its
+    index lists, give the same state dict as the model's."""
+    hf = _hf_vitdet()
+    hf.save_pretrained(tmp_path / "hub", **({"max_shard_size": shard} if shard else {}))
+    files = sorted(p.name for p in (tmp_path / "hub").iterdir())
+    assert ("model.safetensors.index.json" in files) == bool(shard), files
+    ours, report, missing = _load(load_checkpoint_object(tmp_path / "hub"), ViTDet(
+        img_size=128, embed_dim=32, depth=3, num_heads=2, window_size=4, global_blocks=(2,), pretrain_img_size=64),
+        "detectron2")
+    x = _x((128, 128))
+    with torch.no_grad():
+        _check(ours(x), hf(x).last_hidden_state, f"ViTDet from a folder ({shard or 'one file'})")
+
+
+def test_a_sharded_folder_missing_a_shard_is_refused(tmp_path):
+    _hf_vitdet().save_pretrained(tmp_path / "hub", max_shard_size="60KB")
+    shards = sorted((tmp_path / "hub").glob("model-*.safetensors"))
+    assert len(shards) >= 2
+    shards[-1].unlink()
+    with pytest.raises(FileNotFoundError, match="are not in the folder .* download is incomplete"):
+        load_checkpoint_object(tmp_path / "hub")

@@ -176,8 +176,12 @@ def test_truncated_file(tmp_path, kind):
 
 
 def test_directory(tmp_path):
-    (tmp_path / "model.safetensors").write_bytes(b"x")
-    with pytest.raises(ValueError, match=r"is a directory.*model\.safetensors"):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"is a directory \(it holds \['config.json'\]\) without a model file "
+                                         r"\(model\.safetensors"):
+        load_checkpoint_object(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"x")  # a model folder: its weights file is read, and checked
+    with pytest.raises(ValueError, match=r"model\.safetensors"):
         load_checkpoint_object(tmp_path)
 
 

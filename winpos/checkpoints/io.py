@@ -9,6 +9,8 @@ Supported files:
 * ``.pkl`` / ``.pickle``: detectron2 model-zoo pickles (``{"model": {name: ndarray}, "__author__": ...}`` or the
   Caffe2-style ``{"blobs": {...}}``) through a restricted unpickler that admits only numpy arrays, numpy scalars,
   dtypes and plain containers. Any other class in the pickle is refused by name before it is created.
+* a model folder as Hugging Face writes it (``save_pretrained``, a Hub snapshot): its ``model.safetensors`` or
+  ``pytorch_model.bin``, or the shards its ``*.index.json`` lists, each read as above.
 
 Every failure is a ``WinposError`` (a ``ValueError``; ``MissingInputError``, also a ``FileNotFoundError``, for a
 missing path) that names the path, what was found and what to do; the low-level exception is chained as
@@ -19,6 +21,7 @@ named as what it is. ``check_finite_state_dict`` refuses NaN / inf weights by na
 from __future__ import annotations
 
 import collections
+import json
 import os
 import pickle
 import zipfile
@@ -126,6 +129,52 @@ def _check_file(path: Path) -> None:
                           "interrupted: fetch it again")
 
 
+# A Hugging Face model folder (save_pretrained, or a Hub snapshot): its weights file, or the index of its shards.
+MODEL_FOLDER_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                      "pytorch_model.bin.index.json")
+
+
+def _load_model_folder(path: Path) -> dict[str, torch.Tensor]:
+    """The state dict of a model folder as ``save_pretrained`` writes it (``config.json`` beside the weights): the first
+    of ``MODEL_FOLDER_FILES`` it holds; a sharded one is read shard by shard as its index lists them (every shard read
+    as data), and a shard the index names but the folder lacks, or a tensor the index names but no shard holds, is
+    an error. Any other directory is refused, naming what it holds."""
+    found = next((name for name in MODEL_FOLDER_FILES if (path / name).is_file()), None)
+    if found is None:
+        inside = sorted(p.name for p in path.iterdir())[:10]
+        raise WinposError(
+            f"checkpoint path '{path}' is a directory (it holds {inside}) without a model file "
+            f"({', '.join(MODEL_FOLDER_FILES)}); pass the weights file inside it, e.g. '{path}/model_final.pth'")
+    if not found.endswith(".index.json"):
+        return load_checkpoint_object(path / found)
+    index_path = path / found
+    try:
+        weight_map = json.loads(index_path.read_text())["weight_map"]
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ValueError("empty weight_map")
+    except (ValueError, KeyError, TypeError) as e:
+        raise WinposError(f"'{index_path}' is not a shard index (a JSON object with a 'weight_map' of tensor -> "
+                          f"file): {e}; fetch the folder again") from None
+    shards = sorted(set(weight_map.values()))
+    missing = [name for name in shards if not (path / name).is_file()]
+    if missing:
+        raise MissingInputError(f"'{index_path}' names {len(shards)} shards but {len(missing)} are not in the folder "
+                                f"(e.g. {missing[:3]}); the download is incomplete: fetch them again")
+    out: dict[str, torch.Tensor] = {}
+    for name in shards:
+        shard = unwrap_state_dict(load_checkpoint_object(path / name), source=f"shard '{path / name}'")
+        twice = sorted(set(shard) & set(out))
+        if twice:
+            raise WinposError(f"shard '{path / name}' repeats tensors of another shard (e.g. {twice[:3]}); the folder "
+                              "mixes two models: fetch it again")
+        out.update(shard)
+    absent = sorted(set(weight_map) - set(out))
+    if absent:
+        raise WinposError(f"'{index_path}' lists {len(absent)} tensors no shard holds (e.g. {absent[:3]}); the shards "
+                          "are from another version of the model: fetch the folder again")
+    return out
+
+
 def _load_restricted_pickle(path: Path) -> Any:
     """Read a plain pickle with ``RestrictedUnpickler``; returns the object with arrays turned into tensors."""
     try:
@@ -223,15 +272,19 @@ def load_checkpoint_object(path: str | os.PathLike) -> Any:
     """Load the raw container of a checkpoint file without executing code.
 
     Args:
-        path: a ``.pth/.pt/.bin/.ckpt``, ``.safetensors`` or ``.pkl/.pickle`` file.
+        path: a ``.pth/.pt/.bin/.ckpt``, ``.safetensors`` or ``.pkl/.pickle`` file, or a model folder as Hugging Face
+            writes it (``_load_model_folder``: ``model.safetensors``, sharded or not, or ``pytorch_model.bin``).
     Returns:
         The object as stored (e.g. ``{"model": {...}}``, ``{"model_state": {...}}`` or a flat state dict), with
         every numeric numpy array turned into a CPU ``torch.Tensor``.
     Raises:
         FileNotFoundError: the path does not exist.
-        ValueError: directory, empty/truncated/corrupt file, unknown extension, or a pickle that holds code.
+        ValueError: a directory without a model file, empty/truncated/corrupt file, unknown extension, or a pickle
+            that holds code.
     """
     path = Path(path)
+    if path.is_dir():
+        return _load_model_folder(path)
     _check_file(path)
     ext = path.suffix.lower()
     if ext in SAFETENSORS_EXTS:

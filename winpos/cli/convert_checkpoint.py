@@ -39,7 +39,8 @@ def build_parser():
     import argparse
 
     parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", required=True, help="checkpoint file (.pth/.pt/.pkl/.safetensors)")
+    parser.add_argument("--input", required=True, help="checkpoint file (.pth/.pt/.pkl/.safetensors), or a Hugging "
+                        "Face model folder (model.safetensors, sharded or not)")
     parser.add_argument("--output", required=True, help=f"output file ({', '.join(SUFFIXES)})")
     parser.add_argument("--to", required=True, help="winpos preset, e.g. vitdet_b or hieradet_bplus")
     parser.add_argument("--recipe", default=None,
