@@ -40,7 +40,7 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["HF_NOTE", "hf_family", "to_native", "adapt", "Translation"]
+__all__ = ["HF_NOTE", "Translation", "adapt", "hf_family", "native_format", "to_native"]
 
 HF_NOTE = "Hugging Face transformers names"
 
