@@ -215,9 +215,10 @@ def test_init_from_a_hugging_face_transformers_file(tmp_path):
                                     use_relative_position_embeddings=True)
     hf = _randomize(transformers.VitDetModel(cfg)).eval()
     hf.save_pretrained(tmp_path / "hub")
-    dst = _vit_detector()
-    msg = load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "hub" / "model.safetensors"))
-    assert "winpos importer (detectron2 (Hugging Face transformers names))" in msg, msg
     x = torch.randn(1, 3, 64, 64)
-    with torch.no_grad():
-        torch.testing.assert_close(dst.backbone.net.net.eval()(x), hf(x).last_hidden_state, rtol=1e-4, atol=1e-4)
+    for path in (tmp_path / "hub" / "model.safetensors", tmp_path / "hub"):  # the file, or the folder holding it
+        dst = _vit_detector()
+        msg = load_init_checkpoint(WinposCheckpointer(dst), str(path))
+        assert "winpos importer (detectron2 (Hugging Face transformers names))" in msg, msg
+        with torch.no_grad():
+            torch.testing.assert_close(dst.backbone.net.net.eval()(x), hf(x).last_hidden_state, rtol=1e-4, atol=1e-4)

@@ -223,7 +223,7 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     model = getattr(model, "module", model)  # DDP
     local, flags = checkpoint_flags(path)
     heuristics = flags["matching_heuristics"]
-    if not os.path.isfile(local):
+    if not os.path.isfile(local) and not os.path.isdir(local):  # a folder: a Hugging Face model folder (io reads it)
         try:
             local = checkpointer.path_manager.get_local_path(local)
         except Exception as e:  # noqa: BLE001 - iopath raises its own errors for unknown schemes
