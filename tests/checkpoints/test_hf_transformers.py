@@ -399,3 +399,34 @@ def test_a_sharded_folder_missing_a_shard_is_refused(tmp_path):
     shards[-1].unlink()
     with pytest.raises(FileNotFoundError, match="are not in the folder .* download is incomplete"):
         load_checkpoint_object(tmp_path / "hub")
+
+
+def test_winpos_convert_set_builds_the_target_the_error_asks_for(tmp_path):
+    """SAM's embedding is a grid without a cls row at its own size (here 16 x 16, not the preset's 14 x 14): the refusal names the two ``--set`` flags that
+    build the matching target, and with them the conversion equals transformers' forward."""
+    from safetensors.torch import load_file
+
+    from tests.bad_inputs_helpers import assert_one_line_error, tool
+
+    T = _T()
+    cfg = T.SamVisionConfig(hidden_size=96, num_hidden_layers=4, num_attention_heads=3, image_size=256, patch_size=16,
+                            window_size=14, global_attn_indexes=[1, 3], output_channels=16, mlp_dim=384)
+    hf = _random(T.SamVisionModel(cfg))
+    hf.save_pretrained(tmp_path / "hub")
+    out = tmp_path / "sam_toy.safetensors"
+    base = ("convert_checkpoint.py", "--input", tmp_path / "hub", "--output", out, "--to", "vitdet_toy", "--img-size",
+            "256")
+    res = tool(*base)
+    assert_one_line_error(res, "--set pretrain_img_size=256 --set pretrain_use_cls_token=False")
+    assert not out.exists()
+    res = tool(*base, "--set", "pretrain_img_size=256", "--set", "pretrain_use_cls_token=False")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "pretrain_img_size=256, pretrain_use_cls_token=False" in res.stdout  # the line that builds the model
+    ours = create("vitdet_toy", img_size=256, pretrain_img_size=256, pretrain_use_cls_token=False).eval()
+    result = ours.load_state_dict(load_file(str(out)), strict=False)
+    assert not result.missing_keys and not result.unexpected_keys
+    x = _x((256, 256))  # 16 x 16 tokens: windows of 14 padded, as SAM pads
+    with torch.no_grad():
+        ref = hf(x, output_hidden_states=True).hidden_states[-1].permute(0, 3, 1, 2)
+        _check(ours(x), ref, "SAM toy via winpos-convert --set")
+    assert_one_line_error(tool(*base, "--force", "--set", "pretrain_img_size"), "is not KEY=VALUE")

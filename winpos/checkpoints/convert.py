@@ -246,7 +246,8 @@ class _Run:
             raise shape_error(_name(pos.grid_key, ABS), self.target[ABS].shape, pos.stored_shape,
                               f"the checkpoint's embedding is a {h_w[0]}x{h_w[1]} grid of {grid.shape[1]} channels: "
                               f"build the model with pretrain_img_size={h_w[0] * stride}{cls_hint} and the "
-                              "checkpoint's embed_dim")
+                              "checkpoint's embed_dim (winpos-convert: --set pretrain_img_size="
+                              f"{h_w[0] * stride}{cls_hint.replace(' and ', ' --set ')})")
         flat = grid.flatten(2).transpose(1, 2)  # (1, h*w, C) row-major, as detectron2 / Hiera store it
         notes = [] if pos.layout == "flat" else [f"{pos.layout} grid flattened row-major"]
         cls = pos.cls

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from winpos.errors import WinposError
-from winpos.utils.cli import ArgumentParser, positive_int, run_cli
+from winpos.utils.cli import ArgumentParser, constructor_overrides, positive_int, run_cli
 
 SUFFIXES = (".safetensors", ".pth", ".pt")
 POS_EMBEDS = ("abs", "abswin", "abswin_recursive", "none")
@@ -55,6 +55,9 @@ def build_parser():
     parser.add_argument("--pos-global-size", type=positive_int, default=None, metavar="N",
                         help="HieraDet: an NxN abs-win global embedding grid (pos_global_size=N); the checkpoint's own "
                              "size keeps the conversion exact")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="a constructor argument of the target (repeatable), e.g. --set pretrain_img_size=1024 "
+                             "--set pretrain_use_cls_token=False for SAM's 64x64 embedding without a cls row")
     parser.add_argument("--allow-loss", action="store_true",
                         help="write a partial conversion (trunk weights dropped or left at init), recorded in the "
                              "output's metadata as winpos_lost")
@@ -89,6 +92,7 @@ def run(argv=None):
     elif run is not None:
         print(f"note: the run's {run[3]} is for preset {run[0]!r}, not --to {args.to}: its settings are not used")
     args.recipe = args.recipe or "original"
+    overrides.update(constructor_overrides(args.overrides))
     if args.pos_embed:
         overrides["pos_embed"] = args.pos_embed
     if args.img_size:

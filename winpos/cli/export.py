@@ -30,7 +30,7 @@ import argparse
 import re
 import sys
 
-from winpos.utils.cli import ArgumentParser, positive_int, run_cli
+from winpos.utils.cli import ArgumentParser, constructor_overrides, positive_int, run_cli
 from winpos.utils.config_names import CONFIG_FILE_HELP
 
 FORMAT_NAMES = ("onnx", "pt2", "torchscript")
@@ -140,7 +140,7 @@ def _backbone(args, check_output_dir, planned_names):
     stem = f"{args.preset}_{args.recipe}" + ("_fp16" if args.precision == "float16" else "")
     check_output_dir(args.out, [args.weights] if args.weights else [], planned_names(stem, args.formats, sizes),
                      force=args.force, flag="--out")
-    model = build_backbone(args.preset, args.recipe, **_overrides(args.overrides))
+    model = build_backbone(args.preset, args.recipe, **constructor_overrides(args.overrides))
     if args.weights:
         from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
         from winpos.errors import WinposError
@@ -169,24 +169,6 @@ def _backbone(args, check_output_dir, planned_names):
     return result, stem, {"backbone": args.preset, "recipe": args.recipe, "overrides": args.overrides,
                           "weights": args.weights, "opset": args.opset, "precision": args.precision,
                           "float16_eager_error": eager_error}
-
-
-def _overrides(items) -> dict:
-    """``key=value`` backbone arguments; values are Python literals (``True``, ``8``, ``(1, 3)``) or strings."""
-    import ast
-
-    from winpos.errors import WinposError
-
-    out = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        if not sep or not key.isidentifier():
-            raise WinposError(f"backbone override {item!r} is not key=value; e.g. pos_antialias=True")
-        try:
-            out[key] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            out[key] = text
-    return out
 
 
 def _detector(args, check_output_dir, planned_names):

@@ -32,7 +32,8 @@ from winpos.errors import EXIT_FAILED, EXIT_USAGE, ProcessFailed, WinposError
 
 __all__ = ["EXIT_ENVIRONMENT", "EXIT_INTERRUPTED", "USAGE_ERRORS", "D2_INSTALL", "run_cli", "one_line",
            "error_line", "missing_d2_line", "quiet_third_party_warnings", "ArgumentParser", "late_flags",
-           "positive_int", "nonnegative_int", "finite_float", "int_list", "number_list", "seed_list"]
+           "positive_int", "nonnegative_int", "finite_float", "int_list", "number_list", "seed_list",
+           "constructor_overrides"]
 
 EXIT_ENVIRONMENT = EXIT_USAGE  # a package missing here (detectron2): never a verdict (the doctor: 0 OK, 1 BUG)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT), as a shell reports a process it interrupted
@@ -220,6 +221,23 @@ def _int_at_least(text: str, low: int, expected: str) -> int:
     if value < low:
         raise argparse.ArgumentTypeError(f"must be {expected}, got {value}")
     return value
+
+
+def constructor_overrides(items) -> dict:
+    """``--set KEY=VALUE`` items as backbone constructor arguments; values are Python literals (``True``, ``8``,
+    ``(1, 3)``, read with ``ast.literal_eval``, never run) or else strings."""
+    import ast
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise WinposError(f"--set {item!r} is not KEY=VALUE; e.g. --set pos_antialias=True")
+        try:
+            out[key] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            out[key] = text
+    return out
 
 
 def positive_int(text: str) -> int:
