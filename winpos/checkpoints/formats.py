@@ -51,7 +51,7 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "is_dinov2", "parse_format",
+__all__ = ["Format", "FormatSpec", "FORMATS", "HIERA_FORMATS", "VIT_FORMATS", "detect", "hf_format", "is_dinov2", "parse_format",
            "check_named_family", "rope_family", "sam3_trunk"]
 
 
@@ -209,6 +209,20 @@ def rope_family(sd: dict) -> Format | None:
     return None
 
 
+# the format whose adapter reads each family of winpos.checkpoints.hf once renamed
+HF_FORMATS = {"sam": Format.SAM, "sam2": Format.SAM2, "sam3": Format.SAM3, "hiera": Format.HIERA,
+              "vitdet": Format.DETECTRON2, "dinov3": Format.DINOV3, "dinov2": Format.DINOV2, "vit": Format.MAE}
+
+
+def hf_format(sd: dict) -> Format | None:
+    """The ``Format`` whose adapter reads ``sd`` once renamed from Hugging Face transformers names
+    (``winpos.checkpoints.hf.hf_family``), or None for a file not in those names."""
+    from winpos.checkpoints.hf import hf_family
+
+    family = hf_family(sd)
+    return None if family is None else HF_FORMATS[family]
+
+
 def is_dinov2(sd: dict) -> bool:
     """DINOv2 in Meta's or timm's names: LayerScale ``blocks.0.ls1.gamma`` (DeiT-III and RoPE-ViT name it
     ``gamma_1``) with a flat ``pos_embed`` and a 14 px patch kernel (DINOv3 has no ``pos_embed``, EVA-02 no
@@ -225,10 +239,8 @@ def check_named_family(obj: Any, fmt: Format) -> None:
 
     if fmt not in _ROPE_FAMILIES or is_lookhere_container(obj):
         return
-    from winpos.checkpoints.hf import native_format
-
     sd = unwrap_state_dict(obj, source="checkpoint")
-    found = native_format(sd) or rope_family(sd)
+    found = hf_format(sd) or rope_family(sd)
     if found != fmt:
         seen = f"format {found} ({found.spec.describe})" if found else "none of dinov3 / eva02 / rope_vit"
         raise WinposError(f"--format {fmt} (format={str(fmt)!r}) names a {fmt} checkpoint, but by its keys the file is "
@@ -263,9 +275,7 @@ def detect(obj: Any) -> Format:
     lasts = {_last(k) for k in keys}
     if any(k.endswith(WINPOS_POSITION_KEYS) for k in keys):
         return Format.WINPOS
-    from winpos.checkpoints.hf import native_format
-
-    hf = native_format(sd)
+    hf = hf_format(sd)
     if hf is not None:
         return hf
     if sam3_trunk(sd) is not None:

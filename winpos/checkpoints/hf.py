@@ -40,9 +40,11 @@ import torch
 
 from winpos.errors import WinposError
 
-__all__ = ["HF_NOTE", "Translation", "adapt", "hf_family", "native_format", "to_native"]
+__all__ = ["HF_FAMILIES", "HF_NOTE", "Translation", "adapt", "hf_family", "to_native"]
 
 HF_NOTE = "Hugging Face transformers names"
+# the families hf_family names, each read by the adapter of the format of the same name in formats.HF_FORMATS
+HF_FAMILIES = ("sam", "sam2", "sam3", "hiera", "vitdet", "dinov3", "dinov2", "vit")
 
 
 @dataclass
@@ -89,23 +91,23 @@ def _dinov3_prefix(sd: dict) -> str | None:
     return None
 
 
-def _vit_prefix(sd: dict) -> str | None:
+def _projection_prefix(sd: dict, block_key: str) -> str | None:
+    """The prefix of a ViT with ``embeddings.patch_embeddings.projection`` and ``position_embeddings`` whose first
+    block has ``block_key`` (transformers 4's ``encoder.layer.0.`` or 5's ``layers.0.``), or None."""
     prefix = _prefix_of(sd, r"embeddings\.patch_embeddings\.projection\.weight")
     if prefix is None or f"{prefix}embeddings.position_embeddings" not in sd:
         return None
-    if _has(sd, prefix, "encoder.layer.0.layernorm_before.weight") or _has(sd, prefix,
-                                                                          "layers.0.layernorm_before.weight"):
+    if _has(sd, prefix, f"encoder.layer.0.{block_key}") or _has(sd, prefix, f"layers.0.{block_key}"):
         return prefix
     return None
+
+
+def _vit_prefix(sd: dict) -> str | None:
+    return _projection_prefix(sd, "layernorm_before.weight")
 
 
 def _dinov2_prefix(sd: dict) -> str | None:
-    prefix = _prefix_of(sd, r"embeddings\.patch_embeddings\.projection\.weight")
-    if prefix is None or f"{prefix}embeddings.position_embeddings" not in sd:
-        return None
-    if _has(sd, prefix, "encoder.layer.0.layer_scale1.lambda1") or _has(sd, prefix, "layers.0.layer_scale1.lambda1"):
-        return prefix
-    return None
+    return _projection_prefix(sd, "layer_scale1.lambda1")
 
 
 def hf_family(sd: dict) -> str | None:
@@ -122,20 +124,6 @@ def hf_family(sd: dict) -> str | None:
     if _vit_prefix(sd) is not None:
         return "vit"
     return None
-
-
-def _native_format(family: str):
-    from winpos.checkpoints.formats import Format
-
-    return {"sam": Format.SAM, "sam2": Format.SAM2, "sam3": Format.SAM3, "hiera": Format.HIERA,
-            "vitdet": Format.DETECTRON2, "dinov3": Format.DINOV3, "dinov2": Format.DINOV2, "vit": Format.MAE}[family]
-
-
-def native_format(sd: dict):
-    """The ``Format`` whose adapter reads ``sd`` once renamed (``hf_family``), or None for a file not in
-    ``transformers`` names."""
-    family = hf_family(sd)
-    return None if family is None else _native_format(family)
 
 
 # ---- renaming, one table per family: (pattern on the name under the prefix, replacement) -------------------------

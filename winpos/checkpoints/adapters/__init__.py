@@ -55,8 +55,9 @@ def adapt(state_dict: dict, fmt: Format) -> Adapted:
     Hugging Face transformers names is renamed into the format's own first (``winpos.checkpoints.hf``) and its
     report names the file's keys."""
     from winpos.checkpoints import hf
+    from winpos.checkpoints.formats import hf_format
 
-    if hf.native_format(state_dict) == Format(fmt):
+    if hf_format(state_dict) == Format(fmt):
         return hf.adapt(state_dict, Format(fmt).value, ADAPTERS[Format(fmt)])
     adapted = ADAPTERS[Format(fmt)](state_dict)
     adapted.source = Format(fmt).value

@@ -8,7 +8,7 @@ register tokens (``register_tokens``, timm's ``reg_token``) are dropped too and 
 """
 from __future__ import annotations
 
-from winpos.checkpoints.adapters._common import (CLS_TOKEN, FINAL_NORM, REGISTER_TOKENS, flat_abs, rope_vit_blocks,
+from winpos.checkpoints.adapters._common import (REGISTER_TOKENS, flat_abs, rope_vit_blocks, rope_vit_top_level,
                                                  split_blocks)
 from winpos.checkpoints.convert import Adapted
 
@@ -20,19 +20,11 @@ def adapt(state_dict: dict) -> Adapted:
         value = state_dict[key]
         if name in ("register_tokens", "reg_token"):
             a.ignore(key, REGISTER_TOKENS, lost=value.numel() > 0)
-        elif name == "cls_token":
-            a.ignore(key, CLS_TOKEN)
         elif name == "mask_token":
             a.ignore(key, "masked-token embedding of pretraining")
         elif name == "pos_embed":
             a.position = flat_abs(key, value)
-        elif name.startswith(("norm.", "fc_norm.")):
-            a.ignore(key, FINAL_NORM)
-        elif name.startswith("head."):
-            a.ignore(key, "classifier head")
-        elif name.startswith("patch_embed."):
-            a.trunk[name] = (key, value)
-        else:
-            a.ignore(key, "not part of the DINOv2 trunk", known=False)
+        else:  # cls token, final norms, classifier, patch embedding: as the RoPE families' files
+            rope_vit_top_level(a, name, key, value, "DINOv2")
     rope_vit_blocks(a, blocks)
     return a
