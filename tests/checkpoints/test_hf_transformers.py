@@ -401,9 +401,14 @@ def test_a_sharded_folder_missing_a_shard_is_refused(tmp_path):
         load_checkpoint_object(tmp_path / "hub")
 
 
-def test_winpos_convert_set_builds_the_target_the_error_asks_for(tmp_path):
-    """SAM's embedding is a grid without a cls row at its own size (here 16 x 16, not the preset's 14 x 14): the refusal names the two ``--set`` flags that
-    build the matching target, and with them the conversion equals transformers' forward."""
+def test_winpos_convert_builds_the_target_with_the_checkpoints_pretraining_grid(tmp_path):
+    """SAM's embedding is a grid without a cls row at its own size (here 16 x 16, not the preset's 14 x 14 with a cls
+    row). ``winpos-convert`` builds the target with that grid (said in the report, the metadata and the printed
+    line) and the result equals transformers' forward; the library call without ``fit_pretrain_grid`` and a ``--set``
+    that contradicts the file are refused, naming the two arguments that fit."""
+    import json
+
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     from tests.bad_inputs_helpers import assert_one_line_error, tool
@@ -417,16 +422,29 @@ def test_winpos_convert_set_builds_the_target_the_error_asks_for(tmp_path):
     base = ("convert_checkpoint.py", "--input", tmp_path / "hub", "--output", out, "--to", "vitdet_toy", "--img-size",
             "256")
     res = tool(*base)
-    assert_one_line_error(res, "--set pretrain_img_size=256 --set pretrain_use_cls_token=False")
-    assert not out.exists()
-    res = tool(*base, "--set", "pretrain_img_size=256", "--set", "pretrain_use_cls_token=False")
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "pretrain_img_size=256, pretrain_use_cls_token=False" in res.stdout  # the line that builds the model
-    ours = create("vitdet_toy", img_size=256, pretrain_img_size=256, pretrain_use_cls_token=False).eval()
+    assert ("target built with pretrain_img_size=256, pretrain_use_cls_token=False (the checkpoint's pretraining "
+            "grid)") in res.stdout
+    assert "create('vitdet_toy', recipe='original', img_size=256, pretrain_img_size=256, " \
+           "pretrain_use_cls_token=False)" in res.stdout  # the line that builds the model
+    with safe_open(str(out), "pt") as f:
+        kwargs = json.loads(f.metadata()["winpos_kwargs"])
+    assert kwargs == {"img_size": 256, "pretrain_img_size": 256, "pretrain_use_cls_token": False}
+    ours = create("vitdet_toy", **kwargs).eval()
     result = ours.load_state_dict(load_file(str(out)), strict=False)
     assert not result.missing_keys and not result.unexpected_keys
     x = _x((256, 256))  # 16 x 16 tokens: windows of 14 padded, as SAM pads
     with torch.no_grad():
         ref = hf(x, output_hidden_states=True).hidden_states[-1].permute(0, 3, 1, 2)
-        _check(ours(x), ref, "SAM toy via winpos-convert --set")
+        _check(ours(x), ref, "SAM toy via winpos-convert")
+    # the library's default keeps the preset's grid and names what would fit
+    with pytest.raises(WinposError, match="pretrain_img_size=256 and pretrain_use_cls_token=False"):
+        load_external(tmp_path / "hub", "vitdet_toy", img_size=256)
+    # an explicit --set is the user's word: a grid that contradicts the file is refused, naming the --set flags
+    wrong = tool(*base, "--force", "--set", "pretrain_img_size=224")
+    assert_one_line_error(wrong, "--set pretrain_img_size=256 --set pretrain_use_cls_token=False")
+    res = tool(*base, "--force", "--set", "pretrain_img_size=256", "--set", "pretrain_use_cls_token=False")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "target built with" not in res.stdout  # the user's values: nothing chosen for them
+    assert torch.equal(load_file(str(out))["pos_embed.pos_embed"], ours.state_dict()["pos_embed.pos_embed"])
     assert_one_line_error(tool(*base, "--force", "--set", "pretrain_img_size"), "is not KEY=VALUE")

@@ -71,8 +71,40 @@ def _preset_hint(flat: dict, fmt: Format, target) -> str:
             f"--to {found[0]} (create({found[0]!r}, ...))")
 
 
+GRID_ARGS = ("pretrain_img_size", "pretrain_use_cls_token")
+
+
+def _fit_pretrain_grid(model: nn.Module, flat: dict, fmt: Format, target, recipe, overrides) -> tuple[nn.Module, dict]:
+    """For a ViTDet preset with an absolute embedding whose pretraining grid differs from the checkpoint's (SAM's
+    64x64 grid without a cls row against the presets' 14x14 with one): the model rebuilt with the checkpoint's grid,
+    and the constructor arguments that did it. The model as it was, and ``{}``, when the grid already fits, the
+    caller set either argument, the target is built already, or the checkpoint's channels differ (the shape error
+    names the preset that fits)."""
+    from winpos.backbones import ViTDet
+    from winpos.posemb.abswin import AbsPosEmbed
+    from winpos.checkpoints.adapters import adapt
+
+    if not isinstance(target, str) or not isinstance(model, ViTDet) or any(k in overrides for k in GRID_ARGS):
+        return model, {}
+    if not isinstance(getattr(model, "pos_embed", None), AbsPosEmbed):
+        return model, {}
+    try:
+        pos = adapt(flat, fmt).position
+    except ValueError:  # the conversion itself names what does not fit
+        return model, {}
+    if pos is None or pos.kind != "abs" or pos.grid.shape[1] != model.pos_embed.pos_embed.shape[-1]:
+        return model, {}
+    h, w = (int(v) for v in pos.grid.shape[-2:])
+    if (h, w) == tuple(model.pretrain_hw):
+        return model, {}
+    stride = model.patch_size
+    size = h * stride if h == w else [h * stride, w * stride]
+    chosen = {"pretrain_img_size": size, "pretrain_use_cls_token": pos.cls is not None}
+    return _resolve_target(target, recipe, {**overrides, **chosen}), chosen
+
+
 def load_external(path_or_state_dict, target, format: str = "auto", recipe: str = "original", strict: bool = False,
-                  allow_loss: bool = True, **overrides):
+                  allow_loss: bool = True, fit_pretrain_grid: bool = False, **overrides):
     """Convert an outside checkpoint into winpos names for ``target``.
 
     Args:
@@ -85,6 +117,11 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         allow_loss: False refuses a partial conversion (``report.lost``: trunk weights of the source with no place in
             the target, or trunk weights of the target left at init), naming them and the presets that hold them
             (``winpos-convert`` without ``--allow-loss``).
+        fit_pretrain_grid: with a preset name as ``target`` (a ViTDet with the ``abs`` embedding), build it with
+            the checkpoint's pretraining grid when the preset's differs (``pretrain_img_size`` = grid x patch size,
+            ``pretrain_use_cls_token`` = whether the file keeps a cls row: SAM's 64x64 grid gives 1024 and False),
+            unless ``overrides`` set either; ``report.built_with`` holds what it chose (``winpos-convert`` passes
+            True and records them in its output). False: a grid mismatch is an error naming those arguments.
     Returns:
         ``(state_dict, LoadReport)``: the state dict loads into the target with ``load_state_dict(sd, strict=False)``
         and only position parameters the source lacks stay missing.
@@ -118,6 +155,9 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         if prefix:
             outside = [k for k in flat if not k.startswith(prefix)]
             flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+    chosen = {}
+    if fit_pretrain_grid:
+        model, chosen = _fit_pretrain_grid(model, flat, fmt, target, recipe, overrides)
     try:
         if is_hiera:
             from winpos.checkpoints.hiera import convert_hiera_checkpoint
@@ -131,6 +171,7 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         raise WinposError(f"{e}{_preset_hint(flat, fmt, target)}") from None
     for k in outside:
         report.add_unexpected(k, "outside the winpos backbone of the detector checkpoint (pyramid, heads)")
+    report.built_with = chosen
     if not sd:
         raise WinposError(f"none of the checkpoint's {len(flat) + len(outside)} tensors fits the target "
                           f"{type(model).__name__} as format {report.source!r} (e.g. {sorted(flat)[:3]}); pass "

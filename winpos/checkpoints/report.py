@@ -25,6 +25,8 @@ class LoadReport:
     lost: ``(key, why)`` for trunk weights the conversion loses: source trunk weights that do not load (LayerScale,
         register tokens, learned frequencies, biases) and target trunk weights left at their initialization; a
         conversion with any is partial (``winpos.checkpoints.convert.check_no_loss``).
+    built_with: constructor arguments the import chose for the target from the checkpoint (``load_external``'s
+        ``fit_pretrain_grid``: the pretraining grid), beyond the caller's; shown first by ``summary()``.
     """
 
     source: str
@@ -36,6 +38,7 @@ class LoadReport:
     unexpected: list[tuple[str, str]] = field(default_factory=list)
     unknown: list[str] = field(default_factory=list)
     lost: list[tuple[str, str]] = field(default_factory=list)
+    built_with: dict = field(default_factory=dict)
 
     def add_lost(self, key: str, why: str) -> None:
         self.lost.append((key, why))
@@ -65,6 +68,9 @@ class LoadReport:
                  f"{len(self.reshaped)} reshaped, {len(self.missing)} missing, {len(self.unexpected)} unexpected"]
         if self.lost:
             lines[0] += f", {len(self.lost)} LOST"
+        if self.built_with:
+            lines.append("  target built with " + ", ".join(f"{k}={v!r}" for k, v in self.built_with.items())
+                         + " (the checkpoint's pretraining grid)")
         for title, items in (("lost", self.lost), ("reshaped", self.reshaped), ("missing", self.missing),
                              ("converted", self.converted), ("unexpected", self.unexpected)):
             lines += [f"  {title} {key}: {why}" for key, why in items[:_LISTED]]

@@ -13,7 +13,9 @@ otherwise; they go into the output's metadata (``winpos_kwargs``, with the train
 and into the printed line that builds the model. The
 load report is printed, then the line that builds the model it loads into. A HieraDet whose global embedding grid
 differs from the checkpoint's is converted lossily (the report says so); --pos-global-size N builds the target with
-an NxN grid (pos_global_size=N) and keeps it exact. The output is checked before the conversion starts: it may not
+an NxN grid (pos_global_size=N) and keeps it exact. A ViTDet target with the abs embedding is built with the
+checkpoint's pretraining grid (SAM's 64x64 without a cls row: pretrain_img_size=1024, pretrain_use_cls_token=False),
+said in the report and the printed line, unless --set gives either. The output is checked before the conversion starts: it may not
 be the input, an existing file is replaced only with --force, and it is written atomically (an interrupted or failed
 write leaves the previous file as it was and no temporary file). A partial conversion (trunk weights of the source
 that do not load, such as LayerScale, register tokens, learned RoPE frequencies or biases, or trunk weights of the
@@ -56,8 +58,9 @@ def build_parser():
                         help="HieraDet: an NxN abs-win global embedding grid (pos_global_size=N); the checkpoint's own "
                              "size keeps the conversion exact")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="a constructor argument of the target (repeatable), e.g. --set pretrain_img_size=1024 "
-                             "--set pretrain_use_cls_token=False for SAM's 64x64 embedding without a cls row")
+                        help="a constructor argument of the target (repeatable), e.g. --set window_size=16; "
+                             "pretrain_img_size / pretrain_use_cls_token given here replace the grid taken from "
+                             "the checkpoint")
     parser.add_argument("--allow-loss", action="store_true",
                         help="write a partial conversion (trunk weights dropped or left at init), recorded in the "
                              "output's metadata as winpos_lost")
@@ -103,8 +106,9 @@ def run(argv=None):
                               "drop it (ViTDet's abs-win global grid follows the checkpoint)")
         overrides["pos_global_size"] = args.pos_global_size
     sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe,
-                               allow_loss=args.allow_loss, **overrides)
+                               allow_loss=args.allow_loss, fit_pretrain_grid=True, **overrides)
     print(report.summary())
+    overrides.update(report.built_with)  # the checkpoint's pretraining grid: recorded and in the create() line
     sd = {k: v.contiguous() for k, v in sd.items()}
     meta = {"winpos_preset": args.to, "winpos_recipe": args.recipe}
     if overrides:  # every constructor argument the output needs besides preset and recipe, as JSON
