@@ -54,17 +54,35 @@ def _resolve_target(target, recipe, overrides) -> nn.Module:
     raise WinposError(f"target must be a preset name (see winpos.backbones.list_presets()) or a model, got {target!r}")
 
 
-def _preset_hint(flat: dict, fmt: Format, target) -> str:
-    """For a shape mismatch: the presets whose width and depth the checkpoint has (a ``--to`` to paste)."""
+def fitting_presets(obj, format: str = "auto") -> tuple[Format, int | None, int | None, list[str]]:
+    """The checkpoint's format, its trunk's embedding width and number of blocks, and the winpos presets of its
+    architecture with that width and depth (the family's own presets first: they hold its LayerScale, SwiGLU and
+    frequencies); widths and depths are None and the list empty where the trunk does not tell them.
+
+    ``obj``: a loaded checkpoint (container or flat state dict; a winpos detector's trunk is found under its
+    prefix); ``format``: ``"auto"`` (``detect``) or one of ``FORMATS``.
+    """
     from winpos.checkpoints.adapters import adapt
     from winpos.checkpoints.presets import matching_presets, trunk_width_depth
 
+    fmt = parse_format(format)
+    fmt = detect(obj) if fmt == "auto" else fmt
+    flat = unwrap_state_dict(obj, source="checkpoint")
+    if fmt == Format.WINPOS:
+        prefix = trunk_prefix(flat) or trunk_prefix(flat, vit=True)
+        flat = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)} if prefix else flat
     try:
         trunk = adapt(flat, fmt).trunk
-    except ValueError:
-        return ""
+    except (ValueError, KeyError):
+        return fmt, None, None, []
     width, depth = trunk_width_depth({k: v[1] if isinstance(v, tuple) else v for k, v in trunk.items()})
-    found = [p for p in matching_presets(fmt, width, depth) if p != target]
+    return fmt, width, depth, matching_presets(fmt, width, depth)
+
+
+def _preset_hint(flat: dict, fmt: Format, target) -> str:
+    """For a shape mismatch: the presets whose width and depth the checkpoint has (a ``--to`` to paste)."""
+    _, width, depth, found = fitting_presets(flat, fmt)
+    found = [p for p in found if p != target]
     if not found:
         return ""
     return (f"; the checkpoint's width {width} and {depth} blocks match preset {' / '.join(found)}: convert with "
@@ -190,4 +208,5 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
     return sd, report
 
 
-__all__ = ["FORMATS", "Format", "LoadReport", "detect", "load_checkpoint_object", "load_external", "load_state_dict_file"]
+__all__ = ["FORMATS", "Format", "LoadReport", "detect", "fitting_presets", "load_checkpoint_object", "load_external",
+           "load_state_dict_file"]

@@ -3,7 +3,7 @@ EVA-02, RoPE-ViT, LookHere, winpos; SAM, SAM2, SAM3, Hiera, ViTDet, DINOv2, DINO
 e.g. a downloaded model.safetensors) into a winpos backbone, or a winpos checkpoint into another pos_embed choice.
 
     winpos-convert --input sam2.1_hiera_base_plus.pt --output hieradet_bplus.safetensors \
-        --to hieradet_bplus [--recipe paper] [--pos-embed abswin] [--pos-global-size 56] [--format auto] [--force]
+        [--to hieradet_bplus] [--recipe paper] [--pos-embed abswin] [--pos-global-size 56] [--format auto] [--force]
 
 The output holds the backbone's state dict (safetensors, or a .pth/.pt saved for weights_only loading; the suffix
 chooses) and loads with ``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. A
@@ -44,7 +44,11 @@ def build_parser():
     parser.add_argument("--input", required=True, help="checkpoint file (.pth/.pt/.pkl/.safetensors), or a Hugging "
                         "Face model folder (model.safetensors, sharded or not)")
     parser.add_argument("--output", required=True, help=f"output file ({', '.join(SUFFIXES)})")
-    parser.add_argument("--to", required=True, help="winpos preset, e.g. vitdet_b or hieradet_bplus")
+    parser.add_argument("--to", default=None,
+                        help="winpos preset, e.g. vitdet_b or hieradet_bplus (default: the one the file records, "
+                             "for winpos-convert's output; its run's, for a trained detector with its config.yaml "
+                             "beside it; else the preset whose width and depth fit the checkpoint, the family's own "
+                             "first)")
     parser.add_argument("--recipe", default=None,
                         help="original | paper | rope | lookhere (default: the run's, for a trained detector with its "
                              "config.yaml beside it; else original)")
@@ -86,6 +90,9 @@ def run(argv=None):
     # a trained detector's run: its backbone's settings (window sizes, image size, ...) build the target, unless a
     # flag says otherwise, and its training image size is recorded in the output
     run = run_backbone_beside(args.input)
+    source = args.input
+    if args.to is None:
+        args.to, source = _default_target(args.input, args.format, run)
     overrides = {}
     if run is not None and run[0] == args.to:
         preset, recipe, carried, config = run
@@ -105,7 +112,7 @@ def run(argv=None):
             raise WinposError(f"--pos-global-size is a HieraDet option, but --to {args.to} is not a HieraDet preset; "
                               "drop it (ViTDet's abs-win global grid follows the checkpoint)")
         overrides["pos_global_size"] = args.pos_global_size
-    sd, report = load_external(args.input, args.to, format=args.format, recipe=args.recipe,
+    sd, report = load_external(source, args.to, format=args.format, recipe=args.recipe,
                                allow_loss=args.allow_loss, fit_pretrain_grid=True, **overrides)
     print(report.summary())
     overrides.update(report.built_with)  # the checkpoint's pretraining grid: recorded and in the create() line
@@ -134,6 +141,47 @@ def run(argv=None):
     args_text = "".join(f", {k}={v!r}" for k, v in overrides.items())
     print(f"load it with: create({args.to!r}, recipe={args.recipe!r}{args_text}).load_state_dict(sd, strict=False)")
     return 0
+
+
+def _recorded_preset(path) -> str | None:
+    """The preset winpos-convert recorded in its output (safetensors metadata, or a top-level entry of a .pth)."""
+    if str(path).lower().endswith(".safetensors"):
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), "pt") as f:
+                return (f.metadata() or {}).get("winpos_preset")
+        except Exception:  # noqa: BLE001 - an unreadable file is refused by the loader, with its reason
+            return None
+    return None
+
+
+def _default_target(path, format: str, run):
+    """``--to`` when it is not given: the recorded preset, the run's, else the one the checkpoint's width and depth
+    fit; ``(preset, what load_external reads)`` (the loaded object, so that the file is read once)."""
+    recorded = _recorded_preset(path)
+    if recorded:
+        print(f"--to {recorded}: the preset {path} records (winpos_preset)")
+        return recorded, path
+    if run is not None:
+        print(f"--to {run[0]}: the preset of the run's {run[3]}")
+        return run[0], path
+    from winpos.checkpoints import fitting_presets, load_checkpoint_object
+
+    obj = load_checkpoint_object(path)
+    if isinstance(obj, dict) and isinstance(obj.get("winpos_preset"), str):
+        print(f"--to {obj['winpos_preset']}: the preset {path} records (winpos_preset)")
+        return obj["winpos_preset"], obj
+    fmt, width, depth, found = fitting_presets(obj, format)
+    if not found:
+        from winpos.backbones import list_presets
+
+        told = f"width {width} and {depth} blocks" if width else "no patch embedding to read a width from"
+        raise WinposError(f"no winpos preset fits this {fmt} checkpoint ({told}); name one with --to "
+                          f"({', '.join(list_presets())}) and the sizes with --set")
+    others = f" (also: {', '.join(found[1:])})" if len(found) > 1 else ""
+    print(f"--to {found[0]}: the {fmt} checkpoint's width {width} and {depth} blocks fit it{others}")
+    return found[0], obj
 
 
 def main(argv=None) -> int:
