@@ -222,3 +222,21 @@ def test_init_from_a_hugging_face_transformers_file(tmp_path):
         assert "winpos importer (detectron2 (Hugging Face transformers names))" in msg, msg
         with torch.no_grad():
             torch.testing.assert_close(dst.backbone.net.net.eval()(x), hf(x).last_hidden_state, rtol=1e-4, atol=1e-4)
+
+
+def test_a_trunk_at_another_pretraining_grid_names_the_config_keys_that_fit_it(tmp_path):
+    """A SAM-like trunk (its embedding a 4x4 grid without a cls row, at 64 px) into a detector built with the preset's
+    14x14 grid with one: refused, naming the two keys of the config's backbone node; built with them, it loads."""
+    def make(**kw):
+        net = ViTDetBackbone("vitdet_toy", "original", img_size=64, window_size=4, **kw)
+        return Detector(SimpleFeaturePyramid(net, "last_feat", 16, (2.0, 1.0), top_block=LastLevelMaxPool(), norm="LN"))
+
+    grid = dict(pretrain_img_size=64, pretrain_use_cls_token=False)
+    src = _randomize(make(**grid))
+    torch.save(src.backbone.net.net.state_dict(), tmp_path / "sam_like.pth")
+    with pytest.raises(ValueError, match="model.backbone.net.pretrain_img_size=64 "
+                                         "model.backbone.net.pretrain_use_cls_token=False"):
+        load_init_checkpoint(WinposCheckpointer(make()), str(tmp_path / "sam_like.pth"))
+    dst = make(**grid)
+    load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "sam_like.pth"))
+    _assert_same(dst.backbone.net.net, src.backbone.net.net)

@@ -243,11 +243,15 @@ class _Run:
         if grid.shape[1] != self.target[ABS].shape[-1] or h_w != tuple(emb.pretrain_hw):
             stride = getattr(self.model, "patch_size", None) or self.model.strides[0]
             cls_hint = f" and pretrain_use_cls_token={pos.cls is not None}" if hasattr(self.model, "patch_size") else ""
+            node = "model.backbone.net" if hasattr(self.model, "patch_size") else "model.backbone.bottom_up"
             raise shape_error(_name(pos.grid_key, ABS), self.target[ABS].shape, pos.stored_shape,
                               f"the checkpoint's embedding is a {h_w[0]}x{h_w[1]} grid of {grid.shape[1]} channels: "
                               f"build the model with pretrain_img_size={h_w[0] * stride}{cls_hint} and the "
-                              "checkpoint's embed_dim (winpos-convert: --set pretrain_img_size="
-                              f"{h_w[0] * stride}{cls_hint.replace(' and ', ' --set ')})")
+                              "checkpoint's embed_dim (winpos-convert takes the file's grid itself unless --set "
+                              f"says otherwise: --set pretrain_img_size={h_w[0] * stride}"
+                              f"{cls_hint.replace(' and ', ' --set ')}; a detectron2 config sets them on its "
+                              f"backbone node, e.g. {node}.pretrain_img_size="
+                              f"{h_w[0] * stride}{cls_hint.replace(' and ', f' {node}.')})")
         flat = grid.flatten(2).transpose(1, 2)  # (1, h*w, C) row-major, as detectron2 / Hiera store it
         notes = [] if pos.layout == "flat" else [f"{pos.layout} grid flattened row-major"]
         cls = pos.cls
