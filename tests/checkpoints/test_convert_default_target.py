@@ -106,3 +106,19 @@ def test_fitting_presets_puts_the_familys_own_first():
         from winpos.checkpoints import load_external
 
         load_external(create("vitdet_toy").state_dict(), "vitdet_b", format="winpos")
+
+
+@pytest.mark.parametrize("model,first", [("vit_small_patch16_dinov3", "vitdet_dinov3_s"),
+                                         ("vit_small_plus_patch16_dinov3", "vitdet_dinov3_splus")])
+def test_presets_of_the_same_width_and_depth_are_told_apart_by_their_tensors(model, first):
+    """DINOv3 S and S+ are both 384 wide and 12 blocks deep; S+ has a SwiGLU MLP: the preset whose tensors have the
+    file's shapes comes first, so that ``winpos-convert`` without ``--to`` takes it."""
+    require("timm")
+    import timm
+
+    from winpos.checkpoints import fitting_presets
+
+    sd = timm.create_model(model, pretrained=False).state_dict()
+    fmt, width, depth, found = fitting_presets(sd)
+    assert (str(fmt), width, depth) == ("dinov3", 384, 12)
+    assert found[0] == first and sorted(found) == ["vitdet_dinov3_s", "vitdet_dinov3_splus"]

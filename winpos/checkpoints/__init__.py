@@ -75,8 +75,28 @@ def fitting_presets(obj, format: str = "auto") -> tuple[Format, int | None, int 
         trunk = adapt(flat, fmt).trunk
     except (ValueError, KeyError):
         return fmt, None, None, []
-    width, depth = trunk_width_depth({k: v[1] if isinstance(v, tuple) else v for k, v in trunk.items()})
-    return fmt, width, depth, matching_presets(fmt, width, depth)
+    tensors = {k: v[1] if isinstance(v, tuple) else v for k, v in trunk.items()}
+    width, depth = trunk_width_depth(tensors)
+    found = matching_presets(fmt, width, depth)
+    if len(found) > 1:  # same width and depth (DINOv3 S and S+): the one whose tensors have the file's shapes first
+        agree = {name: _shape_agreement(name, tensors) for name in found}
+        found.sort(key=lambda name: -agree[name])  # stable: ties keep the family's own first
+    return fmt, width, depth, found
+
+
+def _shape_agreement(preset: str, tensors: dict) -> int:
+    """How many of the trunk's tensors preset ``preset`` holds at the same shape, less those it lacks (built on the
+    meta device: no memory, no initialization)."""
+    import torch
+
+    from winpos.backbones import create
+
+    try:
+        with torch.device("meta"):
+            own = {k: tuple(v.shape) for k, v in create(preset).state_dict().items()}
+    except Exception:  # noqa: BLE001 - a preset that cannot build on meta keeps its place in the order
+        return 0
+    return sum(1 if own.get(k) == tuple(v.shape) else -1 for k, v in tensors.items() if hasattr(v, "shape"))
 
 
 def _preset_hint(flat: dict, fmt: Format, target) -> str:
