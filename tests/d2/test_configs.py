@@ -16,9 +16,9 @@ from winpos.d2.config import apply_overrides, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 RECIPES = [p for p in sorted(CONFIGS.rglob("*.py")) if "common" not in p.parts]
-# Trunks pretrained with their own positions (SAM3, DINOv3, EVA-02, RoPE-ViT, DINOv2) have their own recipes:
+# Trunks pretrained with their own positions (SAM, SAM3, DINOv3, EVA-02, RoPE-ViT, DINOv2) have their own recipes:
 # tests/d2/test_family_configs.py covers those configs (and fails for one it does not list).
-FAMILY = re.compile(r"_vitdet_(sam3|dinov3|eva02|ropevit|dinov2)")
+FAMILY = re.compile(r"_vitdet_(sam3?|dinov3|eva02|ropevit|dinov2)")
 COCO = [p for p in RECIPES if p.parent.name == "COCO" and not FAMILY.search(p.stem)]
 FAMILY_COCO = [p for p in RECIPES if p.parent.name == "COCO" and FAMILY.search(p.stem)]
 SHAPES = [p for p in RECIPES if p.parent.name == "shapes"]

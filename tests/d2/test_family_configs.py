@@ -23,7 +23,13 @@ CPU_HEADS = ["model.proposal_generator.pre_nms_topk=[200,200]", "model.proposal_
              "model.roi_heads.batch_size_per_image=64"]
 
 
-TESTED = SAM3
+# Segment Anything's image encoders (a ViTDet trunk pretrained at 1024 px) in detectron2's ViTDet recipes
+SAM = [f"COCO/{kind}_vitdet_sam_{size}.py" for kind in ("mask_rcnn", "cascade_mask_rcnn")
+       for size in ("b_100ep", "l_100ep", "h_75ep")]
+SAM_SIZES = {"b": (12, 768, (2, 5, 8, 11), 0.7, "sam_vit_b_01ec64.pth", 184375),
+             "l": (24, 1024, (5, 11, 17, 23), 0.8, "sam_vit_l_0b3195.pth", 184375),
+             "h": (32, 1280, (7, 15, 23, 31), 0.9, "sam_vit_h_4b8939.pth", 138281)}
+TESTED = SAM3 + SAM
 
 
 def test_every_family_config_is_tested_here():
@@ -105,3 +111,56 @@ def train_five_iterations(model, cfg, net, optimizer=None) -> list[str]:
         total.backward()
         optimizer.step()
     return [n for n, p in net.named_parameters() if not torch.equal(p.detach(), before[n])]
+
+
+@pytest.mark.parametrize("name", SAM)
+def test_sam_recipe_instantiates_by_name_at_full_size(name, tmp_path):
+    """SAM's encoder in detectron2's ViTDet recipe of its size: the 64 x 64 embedding grid without a cls row, the
+    schedule its first line states, every position-encoding recipe as an override."""
+    assert name in list_configs()
+    size = name.split("_vitdet_sam_")[1][0]
+    depth, width, global_blocks, decay, weights, iters = SAM_SIZES[size]
+    first = (CONFIGS / name).read_text().splitlines()[0]
+    assert first.startswith(("# Mask R-CNN, ViTDet from SAM ViT-", "# Cascade Mask R-CNN, ViTDet from SAM ViT-"))
+    assert f"= {iters} iterations at batch 64" in first
+    for recipe in ("original", "paper", "rope", "lookhere"):
+        cfg = get_config(name, [f"model.backbone.net.recipe={recipe}"])
+        (tmp_path / recipe).mkdir()
+        model, _ = instantiated_and_reloaded(cfg, tmp_path / recipe)
+        net = model.backbone.net.net
+        assert (net.depth, net.embed_dim, net.patch_size, net.window_size, tuple(net.global_blocks)) == \
+            (depth, width, 16, 14, global_blocks)
+        assert tuple(net.pretrain_hw) == (64, 64)
+        assert ("cascade" in name) == (type(model.roi_heads).__name__ == "CascadeROIHeads")
+    cfg = get_config(name)
+    assert cfg.model.backbone.net.recipe == "original" and not cfg.model.backbone.net.pretrain_use_cls_token
+    assert cfg.optimizer.params.lr_decay_rate == decay and cfg.train.init_checkpoint == weights
+    assert cfg.train.max_iter == iters
+
+
+def test_sam_recipe_loads_a_segment_anything_file_and_equals_its_encoder(tmp_path):
+    """The B config by name, its trunk at the toy width (96, 4 blocks, global blocks 1 and 3), initialized through
+    ``train.init_checkpoint`` from a whole SAM file (``image_encoder.`` + a mask-decoder key): every trunk tensor
+    loads and the trunk equals segment-anything's encoder (before its neck) at 1024 px."""
+    require("segment_anything")
+    from segment_anything.modeling.image_encoder import ImageEncoderViT
+
+    from tests.helpers import randomize
+
+    torch.manual_seed(0)
+    sam = randomize(ImageEncoderViT(img_size=1024, patch_size=16, embed_dim=96, depth=4, num_heads=3, out_chans=16,
+                                    use_rel_pos=True, window_size=14, global_attn_indexes=(1, 3))).eval()
+    whole = {f"image_encoder.{k}": v for k, v in sam.state_dict().items()}
+    whole["mask_decoder.iou_token.weight"] = torch.zeros(1, 16)
+    torch.save({"model": whole}, tmp_path / "sam_vit_b_01ec64.pth")
+    cfg = get_config(SAM[0], ["model.backbone.net.net=vitdet_toy", *CPU_HEADS,
+                              f"train.init_checkpoint={tmp_path / 'sam_vit_b_01ec64.pth'}"])
+    model = instantiate(cfg.model).eval()
+    report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
+    assert "winpos importer (sam)" in report and " 0 missing" in report, report
+    x = torch.randn(1, 3, 1024, 1024)
+    with torch.no_grad():
+        ref = sam.patch_embed(x) + sam.pos_embed
+        for blk in sam.blocks:
+            ref = blk(ref)
+        torch.testing.assert_close(model.backbone.net.net(x), ref.permute(0, 3, 1, 2), rtol=1e-4, atol=1e-4)
