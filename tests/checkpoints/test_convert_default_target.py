@@ -1,7 +1,8 @@
-"""``winpos-convert`` without ``--to``: the preset comes from what the file records (winpos-convert's output), else
+"""What ``winpos-convert`` chooses for the target. Without ``--to``: the preset comes from what the file records (winpos-convert's output), else
 from the checkpoint's trunk width and depth (the family's own presets first); a checkpoint no preset fits is
 refused in one line that names its width and depth. The chosen preset is the one an explicit ``--to`` gives: the
-outputs are equal tensor for tensor."""
+outputs are equal tensor for tensor. ``--pos-global-size`` keeps SAM's 64x64 grid exact in a ViTDet abs-win target,
+and is refused for a target without an abs-win embedding."""
 from __future__ import annotations
 
 import json
@@ -122,3 +123,35 @@ def test_presets_of_the_same_width_and_depth_are_told_apart_by_their_tensors(mod
     fmt, width, depth, found = fitting_presets(sd)
     assert (str(fmt), width, depth) == ("dinov3", 384, 12)
     assert found[0] == first and sorted(found) == ["vitdet_dinov3_s", "vitdet_dinov3_splus"]
+
+
+def test_pos_global_size_keeps_sams_grid_exact_in_a_vitdet_abswin_target(tmp_path, capsys):
+    """SAM's 64x64 embedding into recipe ``paper`` (abs-win, 14-token windows): by default the global part is
+    resized to the preset's 14x14 (lossy, reported); with ``--pos-global-size 64`` it is kept, and the abs-win
+    embedding the target builds at 1024 px equals SAM's own to float rounding."""
+    require("segment_anything")
+    from segment_anything.modeling.image_encoder import ImageEncoderViT
+
+    torch.manual_seed(0)
+    sam = ImageEncoderViT(img_size=1024, patch_size=16, embed_dim=96, depth=4, num_heads=3, out_chans=16,
+                          use_rel_pos=True, window_size=14, global_attn_indexes=(1, 3))
+    torch.nn.init.normal_(sam.pos_embed, std=0.5)
+    src = tmp_path / "sam.pth"
+    torch.save({f"image_encoder.{k}": v for k, v in sam.state_dict().items()}, src)
+    lossy, exact = tmp_path / "lossy.safetensors", tmp_path / "exact.safetensors"
+    assert main(["--input", str(src), "--output", str(lossy), "--recipe", "paper"]) == 0
+    assert "global embedding resized (64, 64) -> (14, 14)" in capsys.readouterr().out
+    assert main(["--input", str(src), "--output", str(exact), "--recipe", "paper", "--pos-global-size", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "resized" not in out and "pos_global_size=64" in out
+    model = create("vitdet_toy", recipe="paper", pos_global_size=64, img_size=1024)
+    result = model.load_state_dict(load_file(str(exact)), strict=False)
+    assert not result.missing_keys and not result.unexpected_keys
+    with torch.no_grad():
+        built = model.pos_embed((64, 64))  # (1, H, W, C), as SAM stores its embedding
+    torch.testing.assert_close(built, sam.pos_embed.detach(), rtol=0, atol=1e-5)
+    # a target without an abs-win embedding has no global grid to size
+    assert main(["--input", str(src), "--output", str(tmp_path / "abs.safetensors"), "--pos-global-size", "64"]) == 2
+    assert "--pos-global-size sizes an abs-win embedding's global grid, but vitdet_toy with recipe 'original' has " \
+           "none" in capsys.readouterr().err
+    assert not (tmp_path / "abs.safetensors").exists()

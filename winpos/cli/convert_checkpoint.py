@@ -5,23 +5,25 @@ e.g. a downloaded model.safetensors) into a winpos backbone, or a winpos checkpo
     winpos-convert --input sam2.1_hiera_base_plus.pt --output hieradet_bplus.safetensors \
         [--to hieradet_bplus] [--recipe paper] [--pos-embed abswin] [--pos-global-size 56] [--format auto] [--force]
 
-The output holds the backbone's state dict (safetensors, or a .pth/.pt saved for weights_only loading; the suffix
+Without --to the target is the preset the file records (winpos-convert's output), its run's (a winpos-train
+checkpoint with config.yaml beside it), else the preset whose embedding width and depth fit the checkpoint's trunk
+(the family's own first; printed). The output holds the backbone's state dict (safetensors, or a .pth/.pt saved for weights_only loading; the suffix
 chooses) and loads with ``create(PRESET, recipe=...).load_state_dict(...)`` or as ``train.init_checkpoint``. A
 trained detector's checkpoint with its run's config.yaml beside it (a winpos-train output_dir) converts into the
 backbone that run built: its recipe and constructor arguments (window sizes, img_size, ...) unless a flag says
 otherwise; they go into the output's metadata (``winpos_kwargs``, with the training size as ``winpos_image_size``)
-and into the printed line that builds the model. The
-load report is printed, then the line that builds the model it loads into. A HieraDet whose global embedding grid
-differs from the checkpoint's is converted lossily (the report says so); --pos-global-size N builds the target with
-an NxN grid (pos_global_size=N) and keeps it exact. A ViTDet target with the abs embedding is built with the
-checkpoint's pretraining grid (SAM's 64x64 without a cls row: pretrain_img_size=1024, pretrain_use_cls_token=False),
-said in the report and the printed line, unless --set gives either. The output is checked before the conversion starts: it may not
-be the input, an existing file is replaced only with --force, and it is written atomically (an interrupted or failed
-write leaves the previous file as it was and no temporary file). A partial conversion (trunk weights of the source
-that do not load, such as LayerScale, register tokens, learned RoPE frequencies or biases, or trunk weights of the
-target left at their initialization) is refused, naming what would be lost, and nothing is written; --allow-loss
-accepts it and records the loss in the output's metadata (``winpos_lost``). Exit status 2 for bad input, 1 when
-writing fails.
+and into the printed line that builds the model. The load report is printed, then the line that builds the model it
+loads into. An abs-win target whose global embedding grid differs from the checkpoint's (a HieraDet's, or SAM's
+64x64 grid into a ViTDet with recipe paper) is converted lossily (the report says so); --pos-global-size N builds
+the target with an NxN grid (pos_global_size=N) and keeps it exact. A ViTDet target with the abs embedding is built
+with the checkpoint's pretraining grid (SAM's 64x64 without a cls row: pretrain_img_size=1024,
+pretrain_use_cls_token=False), said in the report and the printed line, unless --set gives either. The output is
+checked before the conversion starts: it may not be the input, an existing file is replaced only with --force, and
+it is written atomically (an interrupted or failed write leaves the previous file as it was and no temporary file).
+A partial conversion (trunk weights of the source that do not load, such as LayerScale, register tokens, learned
+RoPE frequencies or biases, or trunk weights of the target left at their initialization) is refused, naming what
+would be lost, and nothing is written; --allow-loss accepts it and records the loss in the output's metadata
+(``winpos_lost``). Exit status 2 for bad input, 1 when writing fails.
 """
 import json
 import sys
@@ -59,7 +61,7 @@ def build_parser():
     parser.add_argument("--img-size", type=positive_int, default=None,
                         help="target image size in px (sizes global relpos tables)")
     parser.add_argument("--pos-global-size", type=positive_int, default=None, metavar="N",
-                        help="HieraDet: an NxN abs-win global embedding grid (pos_global_size=N); the checkpoint's own "
+                        help="an NxN abs-win global embedding grid (pos_global_size=N); the checkpoint's own "
                              "size keeps the conversion exact")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="a constructor argument of the target (repeatable), e.g. --set window_size=16; "
@@ -108,12 +110,13 @@ def run(argv=None):
     if args.img_size:
         overrides["img_size"] = args.img_size
     if args.pos_global_size:
-        if not args.to.startswith("hieradet"):
-            raise WinposError(f"--pos-global-size is a HieraDet option, but --to {args.to} is not a HieraDet preset; "
-                              "drop it (ViTDet's abs-win global grid follows the checkpoint)")
         overrides["pos_global_size"] = args.pos_global_size
     sd, report = load_external(source, args.to, format=args.format, recipe=args.recipe,
                                allow_loss=args.allow_loss, fit_pretrain_grid=True, **overrides)
+    if args.pos_global_size and "pos_embed.global_embed" not in sd:  # checked before anything is written
+        raise WinposError(f"--pos-global-size sizes an abs-win embedding's global grid, but {args.to} with recipe "
+                          f"{args.recipe!r} has none; drop it, or convert into abs-win (--recipe paper or --pos-embed "
+                          "abswin)")
     print(report.summary())
     overrides.update(report.built_with)  # the checkpoint's pretraining grid: recorded and in the create() line
     sd = {k: v.contiguous() for k, v in sd.items()}
