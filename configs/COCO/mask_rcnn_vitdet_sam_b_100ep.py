@@ -5,6 +5,8 @@
 # embedding is a 64 x 64 grid without a cls row (pretrain_img_size=1024, pretrain_use_cls_token=False below), so at
 # COCO's 1024 px it is used as stored, never interpolated: the doctor says [OK] for the `original` recipe here, and
 # [BUG] when the image size changes (`winpos-posemb doctor COCO/mask_rcnn_vitdet_sam_b_100ep.py --image-size 1536`).
+# At another size use abs-win from SAM's own grid, exact at import:
+#   model.backbone.net.recipe=paper model.backbone.net.pos_global_size=64   (the doctor at 1536 px: no [BUG])
 #
 # Weights: sam_vit_b_01ec64.pth from https://dl.fbaipublicfiles.com/segment_anything/ (the whole SAM model: winpos
 # reads the encoder under image_encoder. and reports the prompt encoder and mask decoder), or transformers'
