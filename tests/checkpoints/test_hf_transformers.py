@@ -423,8 +423,7 @@ def test_winpos_convert_builds_the_target_with_the_checkpoints_pretraining_grid(
             "256")
     res = tool(*base)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert ("target built with pretrain_img_size=256, pretrain_use_cls_token=False (the checkpoint's pretraining "
-            "grid)") in res.stdout
+    assert "target built with pretrain_img_size=256, pretrain_use_cls_token=False (from the checkpoint)" in res.stdout
     assert "create('vitdet_toy', recipe='original', img_size=256, pretrain_img_size=256, " \
            "pretrain_use_cls_token=False)" in res.stdout  # the line that builds the model
     with safe_open(str(out), "pt") as f:

@@ -221,3 +221,15 @@ def test_convert_checkpoint_tool(vit_b_file, tmp_path):
     image = torch.randn(1, 3, 224, 224)
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(image), reference_forward(obj, image), rtol=1e-4, atol=1e-4)
+    # the file's settings are in the output's metadata and in the printed line: the model they build is the same
+    import json
+
+    from safetensors import safe_open
+
+    with safe_open(str(out), "pt") as f:
+        kwargs = json.loads(f.metadata()["winpos_kwargs"])
+    assert "layer_slopes" in run.stdout.split("load it with:")[1]
+    rebuilt = create("vitdet_b", "lookhere", **kwargs).eval()
+    rebuilt.load_state_dict(load_file(str(out)))
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(image), model(image), rtol=0, atol=0)

@@ -67,6 +67,8 @@ def fitting_presets(obj, format: str = "auto") -> tuple[Format, int | None, int 
 
     fmt = parse_format(format)
     fmt = detect(obj) if fmt == "auto" else fmt
+    if fmt == Format.LOOKHERE and isinstance(obj, dict) and isinstance(obj.get("weights"), dict):
+        obj = obj["weights"]  # the authors' file: {"weights": state dict, "config": ...}
     flat = unwrap_state_dict(obj, source="checkpoint")
     if fmt == Format.WINPOS:
         prefix = trunk_prefix(flat) or trunk_prefix(flat, vit=True)

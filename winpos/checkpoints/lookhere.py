@@ -184,6 +184,8 @@ def convert_lookhere_checkpoint(obj, target="vitdet_b", recipe: str = "lookhere"
     if ignored:
         report.add_unexpected("config", f"keys {ignored} are not LookHere settings (the authors' bias reads only "
                                         f"{', '.join(_LH_KEYS)})")
+    if isinstance(target, str):  # what the file's config chose (winpos-convert records it and prints it)
+        report.built_with = dict(wanted)
     if not sd:
         raise WinposError(f"none of the checkpoint's {len(weights)} tensors fits the target ViTDet (e.g. "
                           f"{sorted(weights)[:3]}); pass the authors' LH_*_weights_and_config.pth file")

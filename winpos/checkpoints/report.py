@@ -25,8 +25,9 @@ class LoadReport:
     lost: ``(key, why)`` for trunk weights the conversion loses: source trunk weights that do not load (LayerScale,
         register tokens, learned frequencies, biases) and target trunk weights left at their initialization; a
         conversion with any is partial (``winpos.checkpoints.convert.check_no_loss``).
-    built_with: constructor arguments the import chose for the target from the checkpoint (``load_external``'s
-        ``fit_pretrain_grid``: the pretraining grid), beyond the caller's; shown first by ``summary()``.
+    built_with: constructor arguments the import chose for the target from the checkpoint, beyond the caller's
+        (``load_external``'s ``fit_pretrain_grid``: the pretraining grid; a LookHere file: its config's settings);
+        shown first by ``summary()``.
     """
 
     source: str
@@ -70,7 +71,7 @@ class LoadReport:
             lines[0] += f", {len(self.lost)} LOST"
         if self.built_with:
             lines.append("  target built with " + ", ".join(f"{k}={v!r}" for k, v in self.built_with.items())
-                         + " (the checkpoint's pretraining grid)")
+                         + " (from the checkpoint)")
         for title, items in (("lost", self.lost), ("reshaped", self.reshaped), ("missing", self.missing),
                              ("converted", self.converted), ("unexpected", self.unexpected)):
             lines += [f"  {title} {key}: {why}" for key, why in items[:_LISTED]]
