@@ -47,6 +47,8 @@ def test_a_gain_in_every_seed_is_reported_with_its_interval(tmp_path):
         "which draw other intervals)" in text
     assert "this cell was a lead, +0.34 [+0.09, +0.59] box AP over six (T5 of the equal-footing study), that six " \
         "more did not replicate (+0.09 [-0.19, +0.36])" in text
+    assert "a declared equivalence test over 24 more pipelines (margin +-0.25 box AP) decides it: interim, no " \
+        "verdict until all 24 are whole (docs/reproduce.md)" in text
     assert "[BUG]" in text and "6.5 min" in text
 
 
@@ -99,3 +101,18 @@ def test_the_plot_is_written(tmp_path):
     path = tmp_path / "demo.png"
     plot_demo(_summary([55.3, 54.5, 56.0], [56.2, 56.0, 56.9], LEARNED), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_equivalence_verdict_is_quoted_only_once_the_study_is_whole():
+    """The demo quotes no verdict of the declared equivalence study while its archive lacks a whole pipeline (13
+    sealed runs each, pipelines 12-35), and quotes one once all 24 are whole."""
+    from collections import Counter
+    from pathlib import Path
+
+    from winpos.experiments.demo import EQUIVALENCE_VERDICT
+
+    archive = Path(__file__).resolve().parents[2] / "docs" / "results" / "equivalence_runs"
+    runs = Counter(p.name.split("__")[0] for p in archive.glob("p*__*.json"))
+    whole = sorted(int(k[1:]) for k, n in runs.items() if n == 13)
+    assert set(whole) <= set(range(12, 36)) and max(runs.values()) <= 13
+    assert (EQUIVALENCE_VERDICT is None) == (len(whole) < 24), (whole, EQUIVALENCE_VERDICT)
