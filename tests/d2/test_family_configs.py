@@ -164,3 +164,28 @@ def test_sam_recipe_loads_a_segment_anything_file_and_equals_its_encoder(tmp_pat
         for blk in sam.blocks:
             ref = blk(ref)
         torch.testing.assert_close(model.backbone.net.net(x), ref.permute(0, 3, 1, 2), rtol=1e-4, atol=1e-4)
+
+
+def test_sam_recipe_loads_a_transformers_sam_folder_and_equals_its_vision_encoder(tmp_path):
+    """The same from transformers' ``SamModel.save_pretrained`` folder (``vision_encoder.*`` names, a prompt encoder
+    and mask decoder beside it), at 256 px so that the whole model stays small: a grid of 16 x 16 tokens."""
+    transformers = require("transformers")
+    vision = transformers.SamVisionConfig(hidden_size=96, num_hidden_layers=4, num_attention_heads=3, image_size=256,
+                                          patch_size=16, window_size=14, global_attn_indexes=[1, 3],
+                                          output_channels=16, mlp_dim=384)
+    torch.manual_seed(0)
+    hf = transformers.SamModel(transformers.SamConfig(vision_config=vision.to_dict())).eval()
+    with torch.no_grad():
+        for p in hf.vision_encoder.parameters():
+            p.normal_(0, 0.05)
+    hf.save_pretrained(tmp_path / "sam-hub")
+    cfg = get_config(SAM[0], ["model.backbone.net.net=vitdet_toy", "model.backbone.net.img_size=256",
+                              "model.backbone.net.pretrain_img_size=256", "model.backbone.square_pad=256", *CPU_HEADS,
+                              f"train.init_checkpoint={tmp_path / 'sam-hub'}"])
+    model = instantiate(cfg.model).eval()
+    report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
+    assert "winpos importer (sam (Hugging Face transformers names))" in report and " 0 missing" in report, report
+    x = torch.randn(1, 3, 256, 256)
+    with torch.no_grad():
+        ref = hf.vision_encoder(x, output_hidden_states=True).hidden_states[-1].permute(0, 3, 1, 2)
+        torch.testing.assert_close(model.backbone.net.net(x), ref, rtol=1e-4, atol=1e-4)
