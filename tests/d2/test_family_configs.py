@@ -153,11 +153,7 @@ def test_sam_recipe_loads_a_segment_anything_file_and_equals_its_encoder(tmp_pat
     whole = {f"image_encoder.{k}": v for k, v in sam.state_dict().items()}
     whole["mask_decoder.iou_token.weight"] = torch.zeros(1, 16)
     torch.save({"model": whole}, tmp_path / "sam_vit_b_01ec64.pth")
-    cfg = get_config(SAM[0], ["model.backbone.net.net=vitdet_toy", *CPU_HEADS,
-                              f"train.init_checkpoint={tmp_path / 'sam_vit_b_01ec64.pth'}"])
-    model = instantiate(cfg.model).eval()
-    report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
-    assert "winpos importer (sam)" in report and " 0 missing" in report, report
+    model = _sam_b_toy_initialized_from(tmp_path / "sam_vit_b_01ec64.pth", "sam", [])
     x = torch.randn(1, 3, 1024, 1024)
     with torch.no_grad():
         ref = sam.patch_embed(x) + sam.pos_embed
@@ -175,17 +171,29 @@ def test_sam_recipe_loads_a_transformers_sam_folder_and_equals_its_vision_encode
                                           output_channels=16, mlp_dim=384)
     torch.manual_seed(0)
     hf = transformers.SamModel(transformers.SamConfig(vision_config=vision.to_dict())).eval()
-    with torch.no_grad():
-        for p in hf.vision_encoder.parameters():
-            p.normal_(0, 0.05)
+    _randomize(hf.vision_encoder)
     hf.save_pretrained(tmp_path / "sam-hub")
-    cfg = get_config(SAM[0], ["model.backbone.net.net=vitdet_toy", "model.backbone.net.img_size=256",
-                              "model.backbone.net.pretrain_img_size=256", "model.backbone.square_pad=256", *CPU_HEADS,
-                              f"train.init_checkpoint={tmp_path / 'sam-hub'}"])
-    model = instantiate(cfg.model).eval()
-    report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
-    assert "winpos importer (sam (Hugging Face transformers names))" in report and " 0 missing" in report, report
+    model = _sam_b_toy_initialized_from(tmp_path / "sam-hub", "sam (Hugging Face transformers names)",
+                                        ["model.backbone.net.img_size=256", "model.backbone.net.pretrain_img_size=256",
+                                         "model.backbone.square_pad=256"])
     x = torch.randn(1, 3, 256, 256)
     with torch.no_grad():
         ref = hf.vision_encoder(x, output_hidden_states=True).hidden_states[-1].permute(0, 3, 1, 2)
         torch.testing.assert_close(model.backbone.net.net(x), ref, rtol=1e-4, atol=1e-4)
+
+
+def _randomize(module):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0, 0.05)
+
+
+def _sam_b_toy_initialized_from(path, source: str, overrides: list) -> torch.nn.Module:
+    """The SAM-B config by name at the toy width (with ``overrides``), in eval mode, initialized from ``path``
+    through ``train.init_checkpoint``; its report must name the ``source`` format and no missing tensor."""
+    cfg = get_config(SAM[0], ["model.backbone.net.net=vitdet_toy", *overrides, *CPU_HEADS,
+                              f"train.init_checkpoint={path}"])
+    model = instantiate(cfg.model).eval()
+    report = load_init_checkpoint(WinposCheckpointer(model), cfg.train.init_checkpoint)
+    assert f"winpos importer ({source})" in report and " 0 missing" in report, report
+    return model
