@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from winpos.checkpoints.io import load_checkpoint_object, load_state_dict_file, unwrap_state_dict
+from winpos.checkpoints.io import (load_checkpoint_object, load_state_dict_file, safetensors_metadata,
+                                  unwrap_state_dict)
 
 
 class _WritesFile:
@@ -55,6 +56,23 @@ def test_safetensors_round_trip(tmp_path):
     sd = _sd()
     save_file(sd, str(tmp_path / "m.safetensors"))
     _assert_same(load_state_dict_file(tmp_path / "m.safetensors"), sd)
+
+
+def test_safetensors_metadata_is_read_without_the_tensors(tmp_path):
+    """winpos-convert's records (preset, kwargs, image size) come back as written; a file of another suffix or a
+    damaged header gives {} (the loader refuses that file with its reason when it loads it)."""
+    path = tmp_path / "w.safetensors"
+    meta = {"winpos_preset": "vitdet_b", "winpos_kwargs": '{"window_size": 16}', "winpos_image_size": "1024"}
+    save_file(_sd(), str(path), metadata=meta)
+    assert safetensors_metadata(path) == meta
+    save_file(_sd(), str(tmp_path / "bare.safetensors"))
+    assert safetensors_metadata(tmp_path / "bare.safetensors") == {}
+    torch.save({"model": _sd(), "winpos_preset": "vitdet_b"}, tmp_path / "w.pth")
+    assert safetensors_metadata(tmp_path / "w.pth") == {}
+    (tmp_path / "cut.safetensors").write_bytes(path.read_bytes()[:20])
+    assert safetensors_metadata(tmp_path / "cut.safetensors") == {}
+    with pytest.raises(ValueError, match="cut.safetensors"):
+        load_checkpoint_object(tmp_path / "cut.safetensors")
 
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])

@@ -34,7 +34,7 @@ import torch
 from winpos.errors import MissingInputError, WinposError
 
 __all__ = ["load_checkpoint_object", "load_state_dict_file", "unwrap_state_dict", "RestrictedUnpickler",
-           "check_finite_state_dict", "sniff_file_kind"]
+           "check_finite_state_dict", "sniff_file_kind", "safetensors_metadata"]
 
 TORCH_EXTS = (".pth", ".pt", ".bin", ".ckpt")
 PICKLE_EXTS = (".pkl", ".pickle")
@@ -266,6 +266,21 @@ def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
         return load_file(str(path), device="cpu")
     except Exception as e:  # noqa: BLE001 - safetensors raises its own SafetensorError and OS errors
         raise _corrupt(path, e) from e
+
+
+def safetensors_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The string metadata of a ``.safetensors`` file's header (where ``winpos-convert`` records ``winpos_preset``,
+    ``winpos_kwargs``, ``winpos_image_size``, ...), read without loading a tensor; ``{}`` for another suffix or a
+    file that cannot be read (the checkpoint loader refuses such a file with its reason when it loads it)."""
+    if not str(path).lower().endswith(".safetensors"):
+        return {}
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as f:
+            return dict(f.metadata() or {})
+    except Exception:  # noqa: BLE001 - safetensors raises its own SafetensorError and OS errors
+        return {}
 
 
 def load_checkpoint_object(path: str | os.PathLike) -> Any:

@@ -147,16 +147,11 @@ def run(argv=None):
 
 
 def _recorded_preset(path) -> str | None:
-    """The preset winpos-convert recorded in its output (safetensors metadata, or a top-level entry of a .pth)."""
-    if str(path).lower().endswith(".safetensors"):
-        from safetensors import safe_open
+    """The preset winpos-convert recorded in a safetensors output's metadata (a .pth's top-level ``winpos_preset``
+    is read from the loaded object by ``_default_target``)."""
+    from winpos.checkpoints.io import safetensors_metadata
 
-        try:
-            with safe_open(str(path), "pt") as f:
-                return (f.metadata() or {}).get("winpos_preset")
-        except Exception:  # noqa: BLE001 - an unreadable file is refused by the loader, with its reason
-            return None
-    return None
+    return safetensors_metadata(path).get("winpos_preset")
 
 
 def _default_target(path, format: str, run):

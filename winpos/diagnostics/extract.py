@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from winpos.checkpoints.formats import FORMATS, Format, detect, parse_format
-from winpos.checkpoints.io import load_checkpoint_object, unwrap_state_dict
+from winpos.checkpoints.io import load_checkpoint_object, safetensors_metadata, unwrap_state_dict
 from winpos.checkpoints.presets import matching_presets, trunk_width_depth
 from winpos.diagnostics.metrics import abswin_embed, abswin_parts_from_grid
 from winpos.errors import WinposError, as_hw
@@ -178,17 +178,9 @@ def recorded_image_size(checkpoint) -> tuple[int, str] | None:
     """The training image size winpos-convert recorded in its output (safetensors metadata, or a top-level entry of
     a .pth), with where it was read; None when the file records none."""
     path = str(checkpoint)
-    value = None
-    try:
-        if path.lower().endswith(".safetensors"):
-            from safetensors import safe_open
-
-            with safe_open(path, "pt") as f:
-                value = (f.metadata() or {}).get("winpos_image_size")
-        else:
-            return None  # a .pth records it beside the weights: effective_embeddings reads it from the object
-    except Exception:  # noqa: BLE001 - an unreadable file is reported by the checkpoint loader, not here
-        return None
+    if not path.lower().endswith(".safetensors"):
+        return None  # a .pth records it beside the weights: effective_embeddings reads it from the object
+    value = safetensors_metadata(path).get("winpos_image_size")
     return _positive_size(value, f"winpos_image_size in {path}")
 
 
