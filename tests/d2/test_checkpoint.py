@@ -171,7 +171,7 @@ def test_init_hieradet_and_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         load_init_checkpoint(WinposCheckpointer(make()), str(tmp_path / "missing.pth"))
     assert checkpoint_flags("a/b.pth?matching_heuristics=True") == (
-        "a/b.pth", {"matching_heuristics": True, "allow_loss": False})
+        "a/b.pth", {"matching_heuristics": True, "allow_loss": False, "allow_other_settings": False})
     with pytest.raises(ValueError, match="unsupported query"):
         checkpoint_flags("a/b.pth?foo=1")
 
@@ -202,8 +202,11 @@ def test_checkpoint_path_flags_are_checked(path, message):
     with pytest.raises(ValueError, match=message):
         checkpoint_flags(path)
     assert checkpoint_flags("a/b.pth?allow_loss=True&matching_heuristics=true") == (
-        "a/b.pth", {"matching_heuristics": True, "allow_loss": True})
-    assert checkpoint_flags("a/b.pth") == ("a/b.pth", {"matching_heuristics": False, "allow_loss": False})
+        "a/b.pth", {"matching_heuristics": True, "allow_loss": True, "allow_other_settings": False})
+    assert checkpoint_flags("a/b.pth?allow_other_settings=True") == (
+        "a/b.pth", {"matching_heuristics": False, "allow_loss": False, "allow_other_settings": True})
+    assert checkpoint_flags("a/b.pth") == ("a/b.pth", dict.fromkeys(
+        ("matching_heuristics", "allow_loss", "allow_other_settings"), False))
 
 
 def test_init_from_a_hugging_face_transformers_file(tmp_path):
@@ -240,3 +243,63 @@ def test_a_trunk_at_another_pretraining_grid_names_the_config_keys_that_fit_it(t
     dst = make(**grid)
     load_init_checkpoint(WinposCheckpointer(dst), str(tmp_path / "sam_like.pth"))
     _assert_same(dst.backbone.net.net, src.backbone.net.net)
+
+
+LOOKHERE_90 = {"kind": "lookhere", "lookhere": {"variant": "90", "global_slope": 1.5, "slope_units": "official"}}
+
+
+def _detector(recipe, **kw):
+    net = ViTDetBackbone("vitdet_toy", recipe, img_size=64, window_size=4, **kw)
+    return Detector(SimpleFeaturePyramid(net, "last_feat", 16, (2.0, 1.0), top_block=LastLevelMaxPool(), norm="LN"))
+
+
+def test_a_converted_file_recorded_for_other_settings_is_refused_unless_on_purpose(tmp_path):
+    """A LookHere trunk that winpos-convert recorded with variant 90 and its own slope, as ``train.init_checkpoint``
+    of a detector built with the recipe's defaults (variant 45): its tensors fit by name and shape, so only the
+    record tells. Refused before anything loads, naming the setting, the config's backbone keys and the flag; the
+    detector built as recorded loads it exactly; ``?allow_other_settings=True`` loads it and the report says so."""
+    import json
+
+    from safetensors.torch import save_file
+
+    src = _randomize(_detector("lookhere", window_pos=LOOKHERE_90))
+    path = tmp_path / "lh.safetensors"
+    save_file({k: v.contiguous() for k, v in src.backbone.net.net.state_dict().items()}, str(path),
+              metadata={"winpos_preset": "vitdet_toy", "winpos_recipe": "lookhere",
+                        "winpos_kwargs": json.dumps({"img_size": 64, "window_size": 4, "window_pos": LOOKHERE_90})})
+    dst = _detector("lookhere")
+    before = {k: v.clone() for k, v in dst.state_dict().items()}
+    with pytest.raises(ValueError, match=r"LookHere variant '90' in the recorded build, '45' in this model.*"
+                                         r"model\.backbone\.net\.net, model\.backbone\.net\.recipe.*"
+                                         r"lh\.safetensors\?allow_other_settings=True"):
+        load_init_checkpoint(WinposCheckpointer(dst), str(path))
+    assert all(torch.equal(v, dst.state_dict()[k]) for k, v in before.items())
+    same = _detector("lookhere", window_pos=LOOKHERE_90)
+    load_init_checkpoint(WinposCheckpointer(same), str(path))
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(same.backbone.net.net.eval()(x), src.backbone.net.net.eval()(x), rtol=0, atol=0)
+    msg = load_init_checkpoint(WinposCheckpointer(dst), str(path) + "?allow_other_settings=True")
+    assert "on purpose (?allow_other_settings=True): LookHere variant '90'" in msg, msg
+
+
+def test_a_runs_checkpoint_is_checked_against_the_config_beside_it(tmp_path):
+    """A winpos-train output folder: model_final.pth with its config.yaml, whose backbone node built RoPE at base
+    10000. Into a detector at the recipe's base (100) it is refused naming the base; the run's own build loads it."""
+    rope = {"kind": "rope", "rope": {"base": 10000.0}}
+    src = _randomize(_detector("rope", window_pos=rope, global_pos=rope))
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": src.state_dict(), "iteration": 9}, run / "model_final.pth")
+    (run / "config.yaml").write_text(
+        "model:\n  backbone:\n    _target_: detectron2.modeling.SimpleFeaturePyramid\n    net:\n"
+        "      _target_: winpos.d2.backbone.ViTDetBackbone\n      net: vitdet_toy\n      recipe: rope\n"
+        "      img_size: 64\n      window_size: 4\n"
+        "      window_pos: {kind: rope, rope: {base: 10000.0}}\n      global_pos: {kind: rope, rope: {base: 10000.0}}\n")
+    with pytest.raises(ValueError, match=r"RoPE base 10000\.0 in the recorded build, 100\.0 in this model.*"
+                                         r"the run's .*config\.yaml"):
+        load_init_checkpoint(WinposCheckpointer(_detector("rope")), str(run / "model_final.pth"))
+    dst = _detector("rope", window_pos=rope, global_pos=rope)
+    msg = load_init_checkpoint(WinposCheckpointer(dst), str(run / "model_final.pth"))
+    assert "as a detector checkpoint" in msg and "on purpose" not in msg
+    _assert_same(dst, src)

@@ -12,8 +12,9 @@ needs from its config.
 
 ``load_external`` also accepts winpos's own files, backbone-only or a whole winpos detector (``model_final.pth``:
 the trunk is found under its ``backbone.`` prefix, the other keys are reported), and converts them between every
-``pos_embed`` choice. It refuses a result with NaN / inf values (naming the keys) and a result that holds no
-tensor of the target (the wrong ``format`` or another architecture).
+``pos_embed`` choice, refusing a target that differs from the build the file records in a setting without tensors
+(``recorded``: RoPE base, LookHere slopes, LayerNorm eps, ...). It refuses a result with NaN / inf values (naming
+the keys) and a result that holds no tensor of the target (the wrong ``format`` or another architecture).
 
 Modules:
 
@@ -25,6 +26,7 @@ Modules:
     convert     the one conversion: shape checks, embedding form, relpos resampling
     report      ``LoadReport``: what an import did with every key
     presets     which winpos presets a checkpoint's trunk fits
+    recorded    the build a winpos file records, and the settings without tensors a model differs from it in
     hiera       Hiera-family shortcuts (SAM2, official Hiera, timm, winpos) into HieraDet
     vitdet      ViT-family shortcuts (detectron2, SAM, MAE, timm, DINOv3, EVA-02, RoPE-ViT, winpos) into ViTDet
     lookhere    the LookHere authors' checkpoints into winpos ViTDet, the target built from their config
@@ -52,6 +54,27 @@ def _resolve_target(target, recipe, overrides) -> nn.Module:
 
         return create(target, recipe=recipe, **overrides)
     raise WinposError(f"target must be a preset name (see winpos.backbones.list_presets()) or a model, got {target!r}")
+
+
+def _recorded_settings(path_or_state_dict, obj, model, allowed: bool) -> str:
+    """The settings without tensors in which ``model`` differs from the build a winpos file records ("" when it
+    records none or nothing differs); refused unless ``allowed``."""
+    from winpos.checkpoints.recorded import describe_differences, recorded_build, settings_differences
+
+    path = path_or_state_dict if isinstance(path_or_state_dict, (str, os.PathLike)) else ""
+    build = recorded_build(path, obj)
+    if build is None:
+        return ""
+    differences = settings_differences(model, build)
+    if not differences:
+        return ""
+    said = describe_differences(differences, build)
+    if allowed:
+        return said
+    raise WinposError(f"the checkpoint was converted for settings that carry no tensor and that the target does not "
+                      f"have: {said}. The weights would load by name and shape and then compute what they were not "
+                      f"trained for. Build the target as {build.where} records, {build.create_line()}, or pass "
+                      "allow_other_settings=True to use the target's settings on purpose")
 
 
 def fitting_presets(obj, format: str = "auto") -> tuple[Format, int | None, int | None, list[str]]:
@@ -144,7 +167,8 @@ def _fit_pretrain_grid(model: nn.Module, flat: dict, fmt: Format, target, recipe
 
 
 def load_external(path_or_state_dict, target, format: str = "auto", recipe: str = "original", strict: bool = False,
-                  allow_loss: bool = True, fit_pretrain_grid: bool = False, **overrides):
+                  allow_loss: bool = True, fit_pretrain_grid: bool = False, allow_other_settings: bool = False,
+                  **overrides):
     """Convert an outside checkpoint into winpos names for ``target``.
 
     Args:
@@ -162,6 +186,11 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
             ``pretrain_use_cls_token`` = whether the file keeps a cls row: SAM's 64x64 grid gives 1024 and False),
             unless ``overrides`` set either; ``report.built_with`` holds what it chose (``winpos-convert`` passes
             True and records them in its output). False: a grid mismatch is an error naming those arguments.
+        allow_other_settings: a winpos file that records its build (``winpos-convert``'s ``winpos_preset``,
+            ``winpos_recipe``, ``winpos_kwargs``) is refused when the target differs from that build in a setting
+            without tensors (RoPE base, pairing, axis order, coordinates or fraction; LookHere directions and
+            slopes; LayerNorm eps; ``winpos.checkpoints.recorded``), naming each; True converts it anyway and
+            lists the differences in the report.
     Returns:
         ``(state_dict, LoadReport)``: the state dict loads into the target with ``load_state_dict(sd, strict=False)``
         and only position parameters the source lacks stay missing.
@@ -188,6 +217,8 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         raise WinposError(f"format {fmt} ({fmt.spec.describe}) is {other} checkpoint; it cannot load into {kind}: "
                           f"convert it to a {'vitdet' if is_hiera else 'hieradet'}_* preset (--to), or name the "
                           "right format (--format)")
+    settings = _recorded_settings(path_or_state_dict, obj, model, allow_other_settings) if fmt == Format.WINPOS \
+        else ""
     flat = unwrap_state_dict(obj, source="checkpoint")
     outside = []
     if fmt == Format.WINPOS:
@@ -212,6 +243,8 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
     for k in outside:
         report.add_unexpected(k, "outside the winpos backbone of the detector checkpoint (pyramid, heads)")
     report.built_with = chosen
+    if settings:
+        report.add_unexpected("settings", f"the target differs from the build the file records (allowed): {settings}")
     if not sd:
         raise WinposError(f"none of the checkpoint's {len(flat) + len(outside)} tensors fits the target "
                           f"{type(model).__name__} as format {report.source!r} (e.g. {sorted(flat)[:3]}); pass "

@@ -20,10 +20,13 @@ with the checkpoint's pretraining grid (SAM's 64x64 without a cls row: pretrain_
 pretrain_use_cls_token=False), said in the report and the printed line, unless --set gives either. The output is
 checked before the conversion starts: it may not be the input, an existing file is replaced only with --force, and
 it is written atomically (an interrupted or failed write leaves the previous file as it was and no temporary file).
-A partial conversion (trunk weights of the source that do not load, such as LayerScale, register tokens, learned
-RoPE frequencies or biases, or trunk weights of the target left at their initialization) is refused, naming what
-would be lost, and nothing is written; --allow-loss accepts it and records the loss in the output's metadata
-(``winpos_lost``). Exit status 2 for bad input, 1 when writing fails.
+A winpos-convert output converted again keeps the build it records (recipe and constructor arguments: LookHere's
+slopes, RoPE's base, ...) for the same preset; another preset, recipe or --set changes them on purpose and the
+report lists each setting that carries no tensor and differs. A partial conversion (trunk weights of the source
+that do not load, such as LayerScale, register tokens, learned RoPE frequencies or biases, or trunk weights of the
+target left at their initialization) is refused, naming what would be lost, and nothing is written; --allow-loss
+accepts it and records the loss in the output's metadata (``winpos_lost``). Exit status 2 for bad input, 1 when
+writing fails.
 """
 import json
 import sys
@@ -103,6 +106,24 @@ def run(argv=None):
         print(f"from the run's {config}: recipe {recipe!r}, " + ", ".join(f"{k}={v!r}" for k, v in carried.items()))
     elif run is not None:
         print(f"note: the run's {run[3]} is for preset {run[0]!r}, not --to {args.to}: its settings are not used")
+    # a winpos-convert output converted again: the build it records (LookHere's slopes, RoPE's base, ...) carries
+    # over into the same preset and recipe; another recipe, or --set, changes those settings on purpose
+    on_purpose = bool(args.overrides)
+    if source is args.input and Path(args.input).suffix.lower() in (".pth", ".pt"):
+        from winpos.checkpoints import load_checkpoint_object
+
+        source = load_checkpoint_object(args.input)  # read once: its top-level winpos_* entries, then its weights
+    from winpos.checkpoints.recorded import recorded_build
+
+    build = recorded_build(args.input, source if isinstance(source, dict) else None)
+    if build is not None and build.preset == args.to and args.recipe in (None, build.recipe):
+        args.recipe = build.recipe
+        overrides.update(build.kwargs)
+        if build.kwargs:
+            print(f"from {build.where}: recipe {build.recipe!r}, "
+                  + ", ".join(f"{k}={v!r}" for k, v in build.kwargs.items()))
+    elif build is not None:
+        on_purpose = True  # another preset or recipe than the file's: its settings are the target's, said below
     args.recipe = args.recipe or "original"
     overrides.update(constructor_overrides(args.overrides))
     if args.pos_embed:
@@ -112,7 +133,8 @@ def run(argv=None):
     if args.pos_global_size:
         overrides["pos_global_size"] = args.pos_global_size
     sd, report = load_external(source, args.to, format=args.format, recipe=args.recipe,
-                               allow_loss=args.allow_loss, fit_pretrain_grid=True, **overrides)
+                               allow_loss=args.allow_loss, fit_pretrain_grid=True,
+                               allow_other_settings=on_purpose, **overrides)
     if args.pos_global_size and "pos_embed.global_embed" not in sd:  # checked before anything is written
         raise WinposError(f"--pos-global-size sizes an abs-win embedding's global grid, but {args.to} with recipe "
                           f"{args.recipe!r} has none; drop it, or convert into abs-win (--recipe paper or --pos-embed "

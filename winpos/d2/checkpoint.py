@@ -38,7 +38,7 @@ __all__ = ["WinposCheckpointer", "RNGState", "CaptureRNG", "checkpoint_flags", "
 logger = logging.getLogger(__name__)
 
 
-QUERY_FLAGS = ("matching_heuristics", "allow_loss")
+QUERY_FLAGS = ("matching_heuristics", "allow_loss", "allow_other_settings")
 
 
 def checkpoint_flags(path: str) -> tuple[str, dict[str, bool]]:
@@ -203,6 +203,40 @@ def _winpos_net(model) -> tuple[str, torch.nn.Module]:
     return nets[0]
 
 
+def _check_recorded_settings(model, local: str, obj, allowed: bool) -> str:
+    """Refuse weights whose recorded build (winpos-convert's entries in the file, else the run's ``config.yaml``
+    beside it) differs from the model's backbone in a setting that carries no tensor (RoPE base / pairing / axis
+    order / coordinates / fraction, LookHere directions and slopes, LayerNorm eps): such weights load by name and
+    shape and then compute what they were never trained for. ``allowed`` (``?allow_other_settings=True``) loads
+    them anyway; the returned clause (empty when nothing differs) goes into the load report."""
+    from winpos.checkpoints.recorded import RecordedBuild, describe_differences, recorded_build, settings_differences
+    from winpos.diagnostics.extract import run_backbone_beside
+
+    build = recorded_build(local, obj)
+    if build is None:
+        run = run_backbone_beside(local)
+        if run is None:
+            return ""
+        preset, recipe, kwargs, config = run
+        build = RecordedBuild(preset, recipe, kwargs, f"the run's {config}")
+    nets = [m for m in model.modules() if isinstance(m, (ViTDet, HieraDet))]
+    if len(nets) != 1:  # another backbone (a peer's): nothing of winpos's to compare; the load reports what fits
+        return ""
+    net = nets[0]
+    differences = settings_differences(net, build)
+    if not differences:
+        return ""
+    said = describe_differences(differences, build)
+    if allowed:
+        return f"; loaded into this config's settings on purpose (?allow_other_settings=True): {said}"
+    node = "model.backbone.bottom_up" if isinstance(net, HieraDet) else "model.backbone.net"
+    raise WinposError(f"checkpoint {local} was trained for settings that carry no tensor and that this model does "
+                      f"not have: {said}. The weights would load by name and shape and then compute what they were "
+                      f"not trained for. Build the backbone as {build.where} records, {build.create_line()} (in a "
+                      f"config: {node}.net, {node}.recipe and those arguments), or, to finetune with this config's "
+                      f"settings on purpose, give the path as {local}?allow_other_settings=True")
+
+
 def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_match: float = 0.9) -> str:
     """Load ``train.init_checkpoint`` into ``checkpointer.model``; returns a one-paragraph report (also logged).
 
@@ -213,7 +247,11 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     pyramid and heads of a detectron2 ViTDet zoo model) are loaded as they are.
     A partial conversion (trunk weights of the source with no place in the backbone, such as DINOv3's storage
     tokens, or trunk weights of the backbone the source lacks, which would train from their initialization) is
-    refused as ``winpos-convert`` refuses it, unless the path ends in ``?allow_loss=True``.
+    refused as ``winpos-convert`` refuses it, unless the path ends in ``?allow_loss=True``. Weights whose recorded
+    build (winpos-convert's entries in the file, else the run's ``config.yaml`` beside it) differs from the model's
+    backbone in a setting without tensors (RoPE base, pairing, axis order, coordinates or fraction; LookHere
+    directions and slopes; LayerNorm eps) are refused naming each difference, unless the path ends in
+    ``?allow_other_settings=True`` (the report then lists them).
     Raises WinposError (a ValueError; ``MissingInputError``, also a FileNotFoundError, for a missing file) when the
     file does not exist, holds NaN/inf weights, converts partially, or nothing in it fits the model.
     """
@@ -236,6 +274,7 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
     checkpoint = _normalize(obj, local)
     sd = checkpoint["model"]
     check_finite_state_dict(sd, f"checkpoint {path}")
+    settings = _check_recorded_settings(model, local, obj, flags["allow_other_settings"])
     own = model.state_dict()
     fits = {k for k, v in sd.items() if isinstance(v, torch.Tensor) and k in own and tuple(v.shape) == own[k].shape}
     if sd and len(fits) >= min_match * len(sd):
@@ -246,7 +285,7 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
         incompatible = checkpointer._load_model(checkpoint)
         if incompatible is not None:
             checkpointer._log_incompatible_keys(incompatible)
-        msg = f"loaded {path} as a detector checkpoint ({len(fits)}/{len(own)} model tensors by name)"
+        msg = f"loaded {path} as a detector checkpoint ({len(fits)}/{len(own)} model tensors by name)" + settings
         if reshaped:  # e.g. the class layers of a detector finetuned to another class count: expected there
             shown = "; ".join(f"{k} {a} -> {b}" for k, (a, b) in list(reshaped.items())[:8])
             more = f"; and {len(reshaped) - 8} more" if len(reshaped) > 8 else ""
@@ -274,6 +313,6 @@ def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_mat
         raise WinposError(f"{path} matched no parameter of the model's backbone ({type(net).__name__}) nor the "
                           "detector; check that it is a checkpoint of this architecture and size")
     msg = (f"loaded {path} into the backbone via the winpos importer ({report.source}): {loaded} backbone tensors, "
-           f"plus {len(outside)} detector tensors by name\n{report.summary()}")
+           f"plus {len(outside)} detector tensors by name{settings}\n{report.summary()}")
     logger.info(msg)
     return msg
