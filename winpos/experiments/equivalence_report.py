@@ -68,6 +68,18 @@ def format_equivalence(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _jitter(i: int) -> float:
+    """A fixed horizontal offset per dot (-0.05..+0.05, repeating), so that 24 dots at one x stay apart."""
+    return ((i * 7) % 11 - 5) / 100
+
+
+def _verdict_label(verdict: str, margin: float) -> str:
+    """The verdict in the figure's words: 'shown', 'equivalent', 'undecided', and both when both hold."""
+    if verdict.startswith("shown") and "within" in verdict:
+        return f"shown, and within\n+-{margin:g} AP"
+    return verdict.split(":")[0].split(" (")[0]
+
+
 def plot_equivalence(result: dict, path: str) -> bool:
     """The equivalence study in one figure: per test (D1 finetuned, D2 zero-shot) the per-pipeline abs-win - naive
     box AP (dots), the mean with its 95% interval (the t test) and 90% interval (TOST), the zero line and the
@@ -97,7 +109,7 @@ def plot_equivalence(result: dict, path: str) -> bool:
             continue
         d = t["diffs"]
         spans += [abs(v) for v in d]
-        ax.plot([j - 0.1] * len(d), d, ".", color="0.35", ms=7, alpha=0.8, zorder=2)
+        ax.plot([j - 0.1 + _jitter(i) for i in range(len(d))], d, ".", color="0.35", ms=7, alpha=0.8, zorder=2)
         if t["n"] >= 2:
             spans += [abs(v) for v in t["ci"]]
             ax.errorbar([j + 0.12], [t["mean"]], yerr=[[t["mean"] - t["ci"][0]], [t["ci"][1] - t["mean"]]],
@@ -106,7 +118,7 @@ def plot_equivalence(result: dict, path: str) -> bool:
                         fmt="none", color="tab:blue", capsize=3, lw=2.5, zorder=3,
                         label="90% CI (TOST: inside the band = equivalent)" if j == 0 else None)
             ax.annotate(f"{t['mean']:+.2f} [{t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}]\nTOST p {t['tost_p_lower']:.3f} / "
-                        f"{t['tost_p_upper']:.3f}\nt p {t['p_t']:.3f}\n{t['verdict'].split(':')[0].split(' (')[0]}",
+                        f"{t['tost_p_upper']:.3f}\nt p {t['p_t']:.3f}\n{_verdict_label(t['verdict'], m)}",
                         (j + 0.28, t["mean"]), fontsize=7.5, va="center", color="tab:red")
     ax.axhspan(-m, m, color="tab:green", alpha=0.12, label=f"equivalence margin +-{m:g} AP")
     ax.axhline(0, color="k", lw=0.8)

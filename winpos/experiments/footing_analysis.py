@@ -353,6 +353,14 @@ def _p3(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
+def equivalence_short(t: dict) -> str | None:
+    """The verdict as the demo's closing line quotes it (D1, box AP), or None while the study is interim."""
+    if t["n"] < 2 or t["verdict"].startswith(("interim", "not run")):
+        return None
+    return (f"{t['mean']:+.2f} box AP [95% CI {t['ci'][0]:+.2f}, {t['ci'][1]:+.2f}] over {t['n']} detectors, TOST p "
+            f"{_p3(t['tost_p_lower'])} / {_p3(t['tost_p_upper'])}: {t['verdict'].split(' (Holm')[0]}")
+
+
 def equivalence_sentence(t: dict, declared_n: int, whole: int) -> str:
     """The study's result in one sentence a researcher can quote (D1, box AP)."""
     if t["n"] < 2:
