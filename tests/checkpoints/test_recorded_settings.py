@@ -130,3 +130,18 @@ def test_winpos_convert_with_set_lists_what_it_changes(tmp_path, capsys):
     assert json.loads(_meta(out)["winpos_kwargs"])["window_pos"]["rope"]["base"] == 10000.0
     assert "the target differs from the build the file records (allowed): LayerNorm eps 1e-06 in the recorded " \
            "build, 1e-05 in this model" in printed, printed
+
+
+def test_a_record_this_winpos_cannot_rebuild_loads_as_before_and_says_so(tmp_path):
+    """A record naming an argument this winpos does not take (a file from another version): the settings cannot be
+    compared, so the weights load as they did before the check, and the report says the settings were not
+    compared and why."""
+    _, source = _recorded_file(tmp_path, "lookhere")
+    path = tmp_path / "other_version.safetensors"
+    save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path),
+              metadata={"winpos_preset": "vitdet_toy", "winpos_recipe": "lookhere",
+                        "winpos_kwargs": json.dumps({**SIZE, "no_such_argument": 1})})
+    sd, report = load_external(str(path), "vitdet_toy", recipe="lookhere", **SIZE)
+    said = dict(report.unexpected)["settings"]
+    assert said.startswith("settings not compared: the build") and "no_such_argument" in said, said
+    assert set(sd) == set(source.state_dict())

@@ -303,3 +303,18 @@ def test_a_runs_checkpoint_is_checked_against_the_config_beside_it(tmp_path):
     msg = load_init_checkpoint(WinposCheckpointer(dst), str(run / "model_final.pth"))
     assert "as a detector checkpoint" in msg and "on purpose" not in msg
     _assert_same(dst, src)
+
+
+def test_a_runs_config_this_winpos_cannot_rebuild_loads_as_before_and_says_so(tmp_path):
+    """The run's config.yaml names a backbone argument this winpos does not take: the checkpoint loads as a
+    detector checkpoint as before, and the report says the settings were not compared."""
+    src = _randomize(_detector("rope"))
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": src.state_dict()}, run / "model_final.pth")
+    (run / "config.yaml").write_text("model:\n  backbone:\n    net:\n      net: vitdet_toy\n      recipe: rope\n"
+                                     "      img_size: 64\n      window_size: 4\n      no_such_argument: 1\n")
+    dst = _detector("rope")
+    msg = load_init_checkpoint(WinposCheckpointer(dst), str(run / "model_final.pth"))
+    assert "settings not compared: the build the run's" in msg and "no_such_argument" in msg, msg
+    _assert_same(dst, src)

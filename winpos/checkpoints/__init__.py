@@ -59,13 +59,17 @@ def _resolve_target(target, recipe, overrides) -> nn.Module:
 def _recorded_settings(path_or_state_dict, obj, model, allowed: bool) -> str:
     """The settings without tensors in which ``model`` differs from the build a winpos file records ("" when it
     records none or nothing differs); refused unless ``allowed``."""
-    from winpos.checkpoints.recorded import describe_differences, recorded_build, settings_differences
+    from winpos.checkpoints.recorded import (UnbuildableRecord, describe_differences, recorded_build,
+                                             settings_differences)
 
     path = path_or_state_dict if isinstance(path_or_state_dict, (str, os.PathLike)) else ""
     build = recorded_build(path, obj)
     if build is None:
         return ""
-    differences = settings_differences(model, build)
+    try:
+        differences = settings_differences(model, build)
+    except UnbuildableRecord as e:
+        return str(e)
     if not differences:
         return ""
     said = describe_differences(differences, build)
@@ -243,7 +247,9 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
     for k in outside:
         report.add_unexpected(k, "outside the winpos backbone of the detector checkpoint (pyramid, heads)")
     report.built_with = chosen
-    if settings:
+    if settings.startswith("settings not compared"):
+        report.add_unexpected("settings", settings)
+    elif settings:
         report.add_unexpected("settings", f"the target differs from the build the file records (allowed): {settings}")
     if not sd:
         raise WinposError(f"none of the checkpoint's {len(flat) + len(outside)} tensors fits the target "

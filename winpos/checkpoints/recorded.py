@@ -23,7 +23,7 @@ import torch.nn as nn
 
 from winpos.errors import WinposError
 
-__all__ = ["RecordedBuild", "recorded_build", "settings_differences", "describe_differences"]
+__all__ = ["RecordedBuild", "UnbuildableRecord", "recorded_build", "settings_differences", "describe_differences"]
 
 # Scalar attributes of these modules decide how the loaded weights are used; none is a tensor. RoPE's
 # mixed_init_base only initializes learned frequencies, which the checkpoint then replaces: not compared.
@@ -33,6 +33,11 @@ _SETTINGS = {
     "LayerNorm": ("eps",),
 }
 _WHAT = {"RoPE": "RoPE", "LookHere": "LookHere", "LayerNorm": "LayerNorm"}
+
+
+class UnbuildableRecord(WinposError):
+    """The recorded build cannot be made by this winpos (a preset or argument it does not know): the settings
+    cannot be compared. Loaders say so in their report and load as before; it is not a refusal."""
 
 
 @dataclass
@@ -98,12 +103,13 @@ def _settings(net: nn.Module) -> dict[str, tuple[str, dict]]:
 def settings_differences(net: nn.Module, build: RecordedBuild) -> list[tuple[str, str, object, object, list[str]]]:
     """The settings without tensors in which ``net`` differs from ``build``: ``(module kind, setting, recorded
     value, model value, module names)``, one entry per distinct difference, over the modules both have under the
-    same name and kind (a module only one of them has is a change of encoding, which the load report covers)."""
+    same name and kind (a module only one of them has is a change of encoding, which the load report covers).
+    Raises ``UnbuildableRecord`` when this winpos cannot make the recorded build."""
     try:
         reference = build.build_meta()
-    except (WinposError, TypeError, ValueError) as e:
-        raise WinposError(f"the build {build.where} records, {build.create_line()}, cannot be made ({e}); convert "
-                          "the file again with winpos-convert for a preset of this winpos version") from e
+    except (WinposError, TypeError, ValueError) as e:  # e.g. an argument an older winpos took: nothing to compare
+        raise UnbuildableRecord(f"settings not compared: the build {build.where} records, {build.create_line()}, "
+                                f"cannot be made by this winpos ({str(e).splitlines()[0][:200]})") from e
     want, have = _settings(reference), _settings(net)
     grouped: dict[tuple, list[str]] = {}
     for name, (kind, values) in want.items():

@@ -209,7 +209,8 @@ def _check_recorded_settings(model, local: str, obj, allowed: bool) -> str:
     order / coordinates / fraction, LookHere directions and slopes, LayerNorm eps): such weights load by name and
     shape and then compute what they were never trained for. ``allowed`` (``?allow_other_settings=True``) loads
     them anyway; the returned clause (empty when nothing differs) goes into the load report."""
-    from winpos.checkpoints.recorded import RecordedBuild, describe_differences, recorded_build, settings_differences
+    from winpos.checkpoints.recorded import (RecordedBuild, UnbuildableRecord, describe_differences, recorded_build,
+                                             settings_differences)
     from winpos.diagnostics.extract import run_backbone_beside
 
     build = recorded_build(local, obj)
@@ -223,7 +224,10 @@ def _check_recorded_settings(model, local: str, obj, allowed: bool) -> str:
     if len(nets) != 1:  # another backbone (a peer's): nothing of winpos's to compare; the load reports what fits
         return ""
     net = nets[0]
-    differences = settings_differences(net, build)
+    try:
+        differences = settings_differences(net, build)
+    except UnbuildableRecord as e:  # a record this winpos cannot rebuild: loaded as before, and said
+        return f"; {e}"
     if not differences:
         return ""
     said = describe_differences(differences, build)
