@@ -34,8 +34,8 @@ def _x(n, seed=3):
     return torch.randn(1, 3, n, n, generator=torch.Generator().manual_seed(seed))
 
 
-def _target(img_size, **kw):
-    return create("vitdet_dinov2_s", window_size=0, global_blocks=(), global_pos="none", window_pos="none",
+def _target(img_size, preset="s", **kw):
+    return create(f"vitdet_dinov2_{preset}", window_size=0, global_blocks=(), global_pos="none", window_pos="none",
                   img_size=img_size, pretrain_img_size=img_size, patch_size=14, **kw).eval()
 
 
@@ -220,3 +220,48 @@ def test_transformers_4_names_read_the_same():
         for k in ours[0]:
             torch.testing.assert_close(ours[0][k], ours[1][k], rtol=0, atol=0)
         assert "blocks.0.mlp.w12.weight" in to_native(legacy).state_dict or not swiglu
+
+
+# --------------------------------------------------------------------------------------------------- giant (SwiGLU)
+GIANT_SMALL = dict(embed_dim=192, num_heads=3, depth=2)  # timm's SwiGLU hidden: int(192 * 5.33334) = 1024, packed
+
+
+@pytest.mark.parametrize("layout", ["timm", "meta"])
+def test_the_giant_swiglu_trunk_equals_timms(layout):
+    """timm's ``vit_giant_patch14_dinov2`` (SwiGLUPacked: ``fc1`` the gate rows then the value rows, ``silu(gate) *
+    value``) narrowed to width 192, 2 blocks, into ``vitdet_dinov2_g`` narrowed the same way (its SwiGLU 512 wide);
+    in Meta's names the MLP is ``w12`` / ``w3``. A swapped gate / value order would fail the tolerance."""
+    timm = require("timm")
+    torch.manual_seed(0)
+    model = randomize(timm.create_model("vit_giant_patch14_dinov2", pretrained=False, num_classes=0, img_size=224,
+                                        **GIANT_SMALL)).eval()
+    assert model.blocks[0].mlp.fc1.out_features == 1024 and model.blocks[0].mlp.fc2.in_features == 512
+    sd = model.state_dict()
+    if layout == "meta":
+        sd = {k.replace(".mlp.fc1.", ".mlp.w12.").replace(".mlp.fc2.", ".mlp.w3."): v
+              for k, v in meta_layout(sd, torch.randn(1, 1, 192)).items()}
+    ours, report = _load(sd, "dinov2", **GIANT_SMALL, block={"mlp": "swiglu", "mlp_hidden": 512}, preset="g")
+    assert not report.lost, report.summary()
+    x = _x(224)
+    with torch.no_grad():
+        _check(ours(x), _timm_trunk(model, x), f"vit_giant_patch14_dinov2 narrowed ({layout}) 224 px")
+    swapped = {k: (torch.cat(v.chunk(2)[::-1]) if ".mlp.fc1." in k else v) for k, v in model.state_dict().items()}
+    wrong, _ = _load(swapped, "dinov2", **GIANT_SMALL, block={"mlp": "swiglu", "mlp_hidden": 512}, preset="g")
+    with torch.no_grad():
+        assert (wrong(x) - _timm_trunk(model, x)).abs().max() > 1e-2
+
+
+def test_the_giant_preset_holds_every_tensor_of_the_full_size_giant_at_its_shape():
+    """At full size (meta device: nothing allocated) every block tensor of timm's ViT-g/14 DINOv2 is in
+    ``vitdet_dinov2_g`` at its shape (width 1536, 40 blocks, 24 heads, SwiGLU 4096), and the preset is the one its
+    width and depth fit."""
+    timm = require("timm")
+    from winpos.checkpoints import fitting_presets
+
+    with torch.device("meta"):
+        theirs = timm.create_model("vit_giant_patch14_dinov2", pretrained=False, num_classes=0).state_dict()
+        ours = create("vitdet_dinov2_g").state_dict()
+    blocks = {k: v.shape for k, v in theirs.items() if k.startswith("blocks.")}
+    assert len(blocks) == 40 * 14
+    assert {k: ours[k].shape for k in blocks if k in ours} == blocks
+    assert fitting_presets(theirs)[1:] == (1536, 40, ["vitdet_dinov2_g"])

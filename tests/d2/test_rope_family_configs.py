@@ -78,3 +78,24 @@ def test_recipe_trains_five_iterations_from_a_converted_checkpoint(family, tmp_p
     assert "blocks.0.attn.qkv.weight" in moved and "blocks.1.mlp.fc1.weight" in moved
     if family == "ropevit":  # the learned frequencies train too
         assert "blocks.0.attn.rope.freqs" in moved
+
+
+@pytest.mark.parametrize("kind", ["mask_rcnn", "cascade_mask_rcnn"])
+def test_the_dinov2_giant_recipe_instantiates_by_name_at_full_size(kind, tmp_path):
+    """DINOv2 ViT-g/14 in ViTDet-H's recipe: 40 blocks of width 1536 with a SwiGLU MLP (hidden 4096), global blocks
+    9, 19, 29, 39, the 75-epoch schedule, lr decay 0.9 over its own depth, drop path 0.5, timm's giant weights."""
+    name = f"COCO/{kind}_vitdet_dinov2_g_75ep.py"
+    assert name in list_configs()
+    cfg = get_config(name)
+    model, _ = instantiated_and_reloaded(cfg, tmp_path)
+    net = model.backbone.net.net
+    assert (cfg.model.backbone.net.net, cfg.model.backbone.net.recipe) == ("vitdet_dinov2_g", "paper")
+    assert (net.depth, net.embed_dim, net.num_heads, net.patch_size) == (40, 1536, 24, 16)
+    assert net.global_blocks == (9, 19, 29, 39) and tuple(net.blocks[0].mlp.fc2.weight.shape) == (1536, 4096)
+    assert [s.stride for s in model.backbone.output_shape().values()] == [4, 8, 16, 32, 64]
+    assert ("cascade" in name) == (type(model.roi_heads).__name__ == "CascadeROIHeads")
+    ids = layer_ids(model)
+    assert ids["backbone.net.net.patch_embed.proj.weight"] == (0, 40)
+    assert ids["backbone.net.net.blocks.39.mlp.fc2.weight"] == (40, 40)
+    assert cfg.optimizer.params.lr_decay_rate == 0.9 and cfg.model.backbone.net.drop_path_rate == 0.5
+    assert cfg.train.max_iter == 138281 and cfg.train.init_checkpoint.startswith("vit_giant_patch14_dinov2")

@@ -2,7 +2,9 @@
 LayerScale and a learned absolute embedding, trained at 518 px with patch 14 (a 37 x 37 grid).
 
 The trunk is detectron2's ViTDet with DINOv2's block (LayerScale, ``norm_eps=1e-6``, query / key / value biases)
-at S, B and L (width 384 / 768 / 1024, 12 / 12 / 24 blocks). The four recipes are ViTDet's own
+at S, B and L (width 384 / 768 / 1024, 12 / 12 / 24 blocks) and g (width 1536, 40 blocks, 24 heads, a SwiGLU MLP
+of hidden width 4096 whose packed ``fc1`` holds the gate rows first, as Meta's ``w12`` and timm's ``SwiGLUPacked``;
+global attention in blocks 9, 19, 29 and 39, every tenth as ViTDet-H's every eighth of 32). The four recipes are ViTDet's own
 (``winpos.backbones.vitdet.RECIPES``): ``original`` interpolates the absolute embedding to the grid under window
 attention (what a detector built from DINOv2 does: the abs-win bug), ``paper`` tiles it as the abs-win window
 embedding with an interpolated global part (37 x 37, ``pos_global_size=37``, so that the import is exact), ``rope``
@@ -15,7 +17,6 @@ stride-16 map), so the 37 x 37 pretraining grid is the grid of a 592 px image (`
 ``patch_size=14`` ViTDet (``create(..., patch_size=14, pretrain_img_size=518)``) runs the original stride. The cls
 token and the register tokens of the ``*_reg`` checkpoints do not load (a window block has no place for a token
 outside the grid); dropping the registers changes the trunk's features and is reported as a loss.
-The giant model (SwiGLU, 40 blocks) has no preset.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ SIZES = {
                             drop_path_rate=0.1),
     "vitdet_dinov2_l": dict(_COMMON, embed_dim=1024, depth=24, num_heads=16, global_blocks=(5, 11, 17, 23),
                             drop_path_rate=0.4),
+    "vitdet_dinov2_g": dict(_COMMON, embed_dim=1536, depth=40, num_heads=24, global_blocks=(9, 19, 29, 39),
+                            block={"mlp": "swiglu", "mlp_hidden": 4096}, drop_path_rate=0.5),
 }
 
 register_family(ViTDet, "ViTDet-DINOv2", SIZES, RECIPES, docs={

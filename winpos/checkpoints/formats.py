@@ -197,7 +197,7 @@ def rope_family(sd: dict) -> Format | None:
     if (isinstance(reg, torch.Tensor) and reg.dim() == 3 and reg.shape[1] == 4 and "cls_token" in keys
             and "pos_embed" not in keys):
         return Format.DINOV3
-    if any(k.endswith(_EVA02_KEYS) for k in stripped):
+    if any(k.endswith(_EVA02_KEYS) for k in stripped) and not is_dinov2(sd):  # DINOv2-g's SwiGLU is Meta's w12 too
         return Format.EVA02
     freqs = sd.get("freqs")
     if "rope.freqs" in keys or (isinstance(freqs, torch.Tensor) and freqs.dim() == 3 and freqs.shape[0] == 2):
@@ -226,7 +226,7 @@ def hf_format(sd: dict) -> Format | None:
 def is_dinov2(sd: dict) -> bool:
     """DINOv2 in Meta's or timm's names: LayerScale ``blocks.0.ls1.gamma`` (DeiT-III and RoPE-ViT name it
     ``gamma_1``) with a flat ``pos_embed`` and a 14 px patch kernel (DINOv3 has no ``pos_embed``, EVA-02 no
-    ``ls1``)."""
+    ``ls1``). Meta's ViT-g/14 names its SwiGLU ``mlp.w12`` / ``w3`` as EVA-02 does: LayerScale tells them apart."""
     pos, patch = sd.get("pos_embed"), sd.get("patch_embed.proj.weight")
     return ("blocks.0.ls1.gamma" in sd and isinstance(pos, torch.Tensor) and pos.dim() == 3
             and isinstance(patch, torch.Tensor) and patch.dim() == 4 and patch.shape[-1] == 14)
