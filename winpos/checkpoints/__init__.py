@@ -72,7 +72,7 @@ def _recorded_settings(path_or_state_dict, obj, model, allowed: bool) -> str:
         return str(e)
     if not differences:
         return ""
-    said = describe_differences(differences, build)
+    said = describe_differences(differences)
     if allowed:
         return said
     raise WinposError(f"the checkpoint was converted for settings that carry no tensor and that the target does not "

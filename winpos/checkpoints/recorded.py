@@ -32,7 +32,16 @@ _SETTINGS = {
     "LookHere": ("variant", "layout", "global_slope", "layer_slopes", "shorthand"),
     "LayerNorm": ("eps",),
 }
-_WHAT = {"RoPE": "RoPE", "LookHere": "LookHere", "LayerNorm": "LayerNorm"}
+
+
+def _kind(module: nn.Module) -> str | None:
+    from winpos.posemb.lookhere import LookHere
+    from winpos.posemb.rope import RoPE
+
+    for cls, kind in ((RoPE, "RoPE"), (LookHere, "LookHere"), (nn.LayerNorm, "LayerNorm")):
+        if isinstance(module, cls):
+            return kind
+    return None
 
 
 class UnbuildableRecord(WinposError):
@@ -94,8 +103,8 @@ def recorded_build(path, obj=None) -> RecordedBuild | None:
 def _settings(net: nn.Module) -> dict[str, tuple[str, dict]]:
     out = {}
     for name, module in net.named_modules():
-        kind = type(module).__name__
-        if kind in _SETTINGS:
+        kind = _kind(module)
+        if kind is not None:
             out[name] = (kind, {a: getattr(module, a, None) for a in _SETTINGS[kind]})
     return out
 
@@ -128,12 +137,12 @@ def _normal(value):  # a list read from JSON or YAML equals the tuple the constr
     return value
 
 
-def describe_differences(differences, build: RecordedBuild) -> str:
+def describe_differences(differences) -> str:
     """One clause per difference: ``RoPE base 100.0 in the recorded build, 10000.0 in this model (12 modules:
     blocks.0.attn.rope, ...)``."""
     parts = []
     for kind, attr, recorded, model, names in differences:
         shown = ", ".join(names[:2]) + (", ..." if len(names) > 2 else "")
-        parts.append(f"{_WHAT[kind]} {attr} {recorded!r} in the recorded build, {model!r} in this model "
+        parts.append(f"{kind} {attr} {recorded!r} in the recorded build, {model!r} in this model "
                      f"({len(names)} module{'s' if len(names) > 1 else ''}: {shown})")
     return "; ".join(parts)

@@ -230,7 +230,7 @@ def _check_recorded_settings(model, local: str, obj, allowed: bool) -> str:
         return f"; {e}"
     if not differences:
         return ""
-    said = describe_differences(differences, build)
+    said = describe_differences(differences)
     if allowed:
         return f"; loaded into this config's settings on purpose (?allow_other_settings=True): {said}"
     node = "model.backbone.bottom_up" if isinstance(net, HieraDet) else "model.backbone.net"
