@@ -49,7 +49,8 @@ def test_a_gain_in_every_seed_is_reported_with_its_interval(tmp_path):
         "more did not replicate (+0.09 [-0.19, +0.36])" in text
     assert "a declared equivalence test over 24 more pipelines (margin +-0.25 box AP) decided it: +0.13 box AP " \
         "[95% CI +0.05, +0.21] over 24 detectors, TOST p < 0.001 / 0.003: shown (abs-win better than naive), and " \
-        "within +-0.25 AP: a difference smaller than the margin (docs/reproduce.md)" in text
+        "within +-0.25 AP: a difference smaller than the margin; those detectors lose 1.38 [1.07, 1.68] box AP at " \
+        "64 px when their embedding is zeroed (docs/reproduce.md)" in text
     assert "[BUG]" in text and "6.5 min" in text
 
 
@@ -107,15 +108,15 @@ def test_the_plot_is_written(tmp_path):
 def test_the_equivalence_verdict_quoted_is_the_archives(tmp_path):
     """The demo quotes the verdict of the declared equivalence study, which was computed once all 24 pipelines were
     whole (13 sealed runs each, pipelines 12-35): the report computed afresh from the archive (``winpos-reproduce
-    --equivalence --report-only``) says complete, its D1 line is the demo's, and the committed results
-    (docs/results/equivalence.json) are that report's."""
+    --equivalence --report-only``) says complete, its D1 line and the detectors' reliance are the demo's, and the
+    committed results (docs/results/equivalence.json) are that report's."""
     import json
     import subprocess
     import sys
     from collections import Counter
     from pathlib import Path
 
-    from winpos.experiments.demo import EQUIVALENCE_VERDICT
+    from winpos.experiments.demo import EQUIVALENCE_RELIANCE, EQUIVALENCE_VERDICT
     from winpos.experiments.footing_analysis import equivalence_short
 
     root = Path(__file__).resolve().parents[2]
@@ -129,6 +130,8 @@ def test_the_equivalence_verdict_quoted_is_the_archives(tmp_path):
     fresh = json.loads((tmp_path / "results.json").read_text())
     assert fresh["complete"] and fresh["whole_pipelines"] == [str(p) for p in range(12, 36)], fresh["whole_pipelines"]
     assert EQUIVALENCE_VERDICT == equivalence_short(fresh["tests"]["box"]["D1"])
+    reliance = fresh["reliance"]["box"]
+    assert EQUIVALENCE_RELIANCE == f"{reliance['mean']:.2f} [{reliance['ci'][0]:.2f}, {reliance['ci'][1]:.2f}]"
     committed = json.loads((root / "docs" / "results" / "equivalence.json").read_text())
     assert committed["sentence"] == fresh["sentence"]
     for family in ("box", "mask"):
