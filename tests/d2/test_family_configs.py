@@ -34,9 +34,10 @@ TESTED = SAM3 + SAM
 
 def test_every_family_config_is_tested_here():
     found = sorted(p.relative_to(CONFIGS).as_posix() for p in FAMILY_COCO)
-    from tests.d2.test_rope_family_configs import ROPE_FAMILY_CONFIGS  # DINOv3 / EVA-02 / RoPE-ViT, tested there
+    # DINOv3 / EVA-02 / RoPE-ViT / DINOv2 B, L and DINOv2 g, tested there
+    from tests.d2.test_rope_family_configs import GIANT_CONFIGS, ROPE_FAMILY_CONFIGS
 
-    tested = TESTED + ROPE_FAMILY_CONFIGS
+    tested = TESTED + ROPE_FAMILY_CONFIGS + GIANT_CONFIGS
     assert found and set(found) <= set(tested), sorted(set(found) - set(tested))
 
 

@@ -80,11 +80,13 @@ def test_recipe_trains_five_iterations_from_a_converted_checkpoint(family, tmp_p
         assert "blocks.0.attn.rope.freqs" in moved
 
 
-@pytest.mark.parametrize("kind", ["mask_rcnn", "cascade_mask_rcnn"])
-def test_the_dinov2_giant_recipe_instantiates_by_name_at_full_size(kind, tmp_path):
+GIANT_CONFIGS = [f"COCO/{kind}_vitdet_dinov2_g_75ep.py" for kind in ("mask_rcnn", "cascade_mask_rcnn")]
+
+
+@pytest.mark.parametrize("name", GIANT_CONFIGS)
+def test_the_dinov2_giant_recipe_instantiates_by_name_at_full_size(name, tmp_path):
     """DINOv2 ViT-g/14 in ViTDet-H's recipe: 40 blocks of width 1536 with a SwiGLU MLP (hidden 4096), global blocks
     9, 19, 29, 39, the 75-epoch schedule, lr decay 0.9 over its own depth, drop path 0.5, timm's giant weights."""
-    name = f"COCO/{kind}_vitdet_dinov2_g_75ep.py"
     assert name in list_configs()
     cfg = get_config(name)
     model, _ = instantiated_and_reloaded(cfg, tmp_path)
