@@ -135,3 +135,23 @@ def test_embedded_names_mean_the_parameters_the_config_states(tmp_path):
     finally:
         D.register_shapes = real
         D.ensure_registered(["shapes_val"], None)  # leave the defaults registered for whoever comes next
+
+
+@pytest.mark.parametrize("config", ["shapes/mask_rcnn_hieradet_toy_abswin.py", "shapes/reproduce_hieradet.py"])
+def test_the_evaluator_scores_the_images_the_test_loader_read(config, tmp_path):
+    """A config's evaluator and its test loader mean the same images: with a test set of the config's own
+    parameters (here 5 images; the reproduction's runs each state theirs), the evaluator's ground truth is that set,
+    not the generator's defaults. Before, the evaluator re-registered the names from the defaults (100 images) after
+    the loader had read the run's set, and pycocotools refused every result outside those ("Results do not
+    correspond to current coco set"): the demo failed at its first evaluation."""
+    from detectron2.config import instantiate
+
+    from winpos.model_zoo import get_config
+
+    cfg = get_config(config, ["train.device=cpu"])
+    params = dict(root=str(tmp_path), image_size=64, train_images=3, val_images=5)
+    cfg.dataloader.test.dataset.shapes = params
+    loader = instantiate(cfg.dataloader.test)
+    evaluator = instantiate(cfg.dataloader.evaluator)
+    read = sorted(int(d["image_id"]) for batch in loader for d in batch)
+    assert len(read) == 5 and read == sorted(evaluator._coco_api.getImgIds())

@@ -18,8 +18,11 @@ dataloader.train = L(build_resumable_train_loader)(
     seed="${...train.seed}",
 )
 dataloader.test = L(build_detection_test_loader)(
-    dataset=L(get_dataset_dicts)(names="coco_2017_val", filter_empty=False),
+    dataset=L(get_dataset_dicts)(names="coco_2017_val", filter_empty=False, shapes=None),
     mapper=L(build_test_mapper)(image_size=1024, image_format="RGB"),
     num_workers=4,
 )
-dataloader.evaluator = L(build_coco_evaluator)(dataset_name="${..test.dataset.names}", use_fast_impl=False)
+# the evaluator scores against the images the test loader read: the same names and, for the embedded shapes data,
+# the same generator parameters (an evaluator registering the names from other parameters would hold other images)
+dataloader.evaluator = L(build_coco_evaluator)(dataset_name="${..test.dataset.names}", use_fast_impl=False,
+                                               shapes="${..test.dataset.shapes}")
