@@ -56,29 +56,20 @@ def _resolve_target(target, recipe, overrides) -> nn.Module:
     raise WinposError(f"target must be a preset name (see winpos.backbones.list_presets()) or a model, got {target!r}")
 
 
-def _recorded_settings(path_or_state_dict, obj, model, allowed: bool) -> str:
-    """The settings without tensors in which ``model`` differs from the build a winpos file records ("" when it
-    records none or nothing differs); refused unless ``allowed``."""
-    from winpos.checkpoints.recorded import (UnbuildableRecord, describe_differences, recorded_build,
-                                             settings_differences)
+def _recorded_settings(path_or_state_dict, obj, model, allowed: bool) -> tuple[str, str]:
+    """``recorded.compare_with_record`` of ``model`` against the build a winpos file records (``("", "")`` when it
+    records none), refused unless ``allowed``."""
+    from winpos.checkpoints.recorded import compare_with_record, recorded_build
 
     path = path_or_state_dict if isinstance(path_or_state_dict, (str, os.PathLike)) else ""
     build = recorded_build(path, obj)
     if build is None:
-        return ""
-    try:
-        differences = settings_differences(model, build)
-    except UnbuildableRecord as e:
-        return str(e)
-    if not differences:
-        return ""
-    said = describe_differences(differences)
-    if allowed:
-        return said
-    raise WinposError(f"the checkpoint was converted for settings that carry no tensor and that the target does not "
-                      f"have: {said}. The weights would load by name and shape and then compute what they were not "
-                      f"trained for. Build the target as {build.where} records, {build.create_line()}, or pass "
-                      "allow_other_settings=True to use the target's settings on purpose")
+        return "", ""
+    return compare_with_record(model, build, allowed, lambda said: (
+        f"the checkpoint was converted for settings that carry no tensor and that the target does not have: {said}. "
+        "The weights would load by name and shape and then compute what they were not trained for. Build the target "
+        f"as {build.where} records, {build.create_line()}, or pass allow_other_settings=True to use the target's "
+        "settings on purpose"))
 
 
 def fitting_presets(obj, format: str = "auto") -> tuple[Format, int | None, int | None, list[str]]:
@@ -221,8 +212,8 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
         raise WinposError(f"format {fmt} ({fmt.spec.describe}) is {other} checkpoint; it cannot load into {kind}: "
                           f"convert it to a {'vitdet' if is_hiera else 'hieradet'}_* preset (--to), or name the "
                           "right format (--format)")
-    settings = _recorded_settings(path_or_state_dict, obj, model, allow_other_settings) if fmt == Format.WINPOS \
-        else ""
+    status, settings = _recorded_settings(path_or_state_dict, obj, model, allow_other_settings) \
+        if fmt == Format.WINPOS else ("", "")
     flat = unwrap_state_dict(obj, source="checkpoint")
     outside = []
     if fmt == Format.WINPOS:
@@ -247,9 +238,9 @@ def load_external(path_or_state_dict, target, format: str = "auto", recipe: str 
     for k in outside:
         report.add_unexpected(k, "outside the winpos backbone of the detector checkpoint (pyramid, heads)")
     report.built_with = chosen
-    if settings.startswith("settings not compared"):
+    if status == "not compared":
         report.add_unexpected("settings", settings)
-    elif settings:
+    elif status == "allowed":
         report.add_unexpected("settings", f"the target differs from the build the file records (allowed): {settings}")
     if not sd:
         raise WinposError(f"none of the checkpoint's {len(flat) + len(outside)} tensors fits the target "

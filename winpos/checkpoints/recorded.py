@@ -23,7 +23,8 @@ import torch.nn as nn
 
 from winpos.errors import WinposError
 
-__all__ = ["RecordedBuild", "UnbuildableRecord", "recorded_build", "settings_differences", "describe_differences"]
+__all__ = ["RecordedBuild", "UnbuildableRecord", "recorded_build", "settings_differences", "describe_differences",
+           "compare_with_record"]
 
 # Scalar attributes of these modules decide how the loaded weights are used; none is a tensor. RoPE's
 # mixed_init_base only initializes learned frequencies, which the checkpoint then replaces: not compared.
@@ -146,3 +147,20 @@ def describe_differences(differences) -> str:
         parts.append(f"{kind} {attr} {recorded!r} in the recorded build, {model!r} in this model "
                      f"({len(names)} module{'s' if len(names) > 1 else ''}: {shown})")
     return "; ".join(parts)
+
+
+def compare_with_record(net: nn.Module, build: RecordedBuild, allowed: bool, refusal) -> tuple[str, str]:
+    """The one check both loaders make: ``("", "")`` when ``net`` has the recorded settings, ``("not compared",
+    why)`` when this winpos cannot make the recorded build (not a refusal), ``("allowed", the differences)`` when
+    they differ and ``allowed``; otherwise raises ``WinposError(refusal(the differences))`` (the caller's words:
+    what to build and how to allow it)."""
+    try:
+        differences = settings_differences(net, build)
+    except UnbuildableRecord as e:
+        return "not compared", str(e)
+    if not differences:
+        return "", ""
+    said = describe_differences(differences)
+    if allowed:
+        return "allowed", said
+    raise WinposError(refusal(said))

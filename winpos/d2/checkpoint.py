@@ -209,8 +209,7 @@ def _check_recorded_settings(model, local: str, obj, allowed: bool) -> str:
     order / coordinates / fraction, LookHere directions and slopes, LayerNorm eps): such weights load by name and
     shape and then compute what they were never trained for. ``allowed`` (``?allow_other_settings=True``) loads
     them anyway; the returned clause (empty when nothing differs) goes into the load report."""
-    from winpos.checkpoints.recorded import (RecordedBuild, UnbuildableRecord, describe_differences, recorded_build,
-                                             settings_differences)
+    from winpos.checkpoints.recorded import RecordedBuild, compare_with_record, recorded_build
     from winpos.diagnostics.extract import run_backbone_beside
 
     build = recorded_build(local, obj)
@@ -223,22 +222,16 @@ def _check_recorded_settings(model, local: str, obj, allowed: bool) -> str:
     nets = [m for m in model.modules() if isinstance(m, (ViTDet, HieraDet))]
     if len(nets) != 1:  # another backbone (a peer's): nothing of winpos's to compare; the load reports what fits
         return ""
-    net = nets[0]
-    try:
-        differences = settings_differences(net, build)
-    except UnbuildableRecord as e:  # a record this winpos cannot rebuild: loaded as before, and said
-        return f"; {e}"
-    if not differences:
-        return ""
-    said = describe_differences(differences)
-    if allowed:
+    node = "model.backbone.bottom_up" if isinstance(nets[0], HieraDet) else "model.backbone.net"
+    status, said = compare_with_record(nets[0], build, allowed, lambda said: (
+        f"checkpoint {local} was trained for settings that carry no tensor and that this model does not have: "
+        f"{said}. The weights would load by name and shape and then compute what they were not trained for. Build "
+        f"the backbone as {build.where} records, {build.create_line()} (in a config: {node}.net, {node}.recipe and "
+        f"those arguments), or, to finetune with this config's settings on purpose, give the path as "
+        f"{local}?allow_other_settings=True"))
+    if status == "allowed":
         return f"; loaded into this config's settings on purpose (?allow_other_settings=True): {said}"
-    node = "model.backbone.bottom_up" if isinstance(net, HieraDet) else "model.backbone.net"
-    raise WinposError(f"checkpoint {local} was trained for settings that carry no tensor and that this model does "
-                      f"not have: {said}. The weights would load by name and shape and then compute what they were "
-                      f"not trained for. Build the backbone as {build.where} records, {build.create_line()} (in a "
-                      f"config: {node}.net, {node}.recipe and those arguments), or, to finetune with this config's "
-                      f"settings on purpose, give the path as {local}?allow_other_settings=True")
+    return f"; {said}" if status == "not compared" else ""  # a record this winpos cannot rebuild: loaded, and said
 
 
 def load_init_checkpoint(checkpointer: DetectionCheckpointer, path: str, min_match: float = 0.9) -> str:
